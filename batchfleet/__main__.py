@@ -1,0 +1,3 @@
+from batchfleet.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""The servers and the worker one bench scenario runs against.
+
+Redis (and, for Kafka scenarios, the bundled Tansu broker) are started on
+free loopback ports unless URLs are given; each scenario gets its own worker
+process and its own namespace, so no stream, topic or key is shared between
+scenarios and a slow drain in one cannot leak into the next.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+from batchfleet.bench.procstat import children, process_name
+from batchfleet.processes import WorkerProcess
+from connectors.embedded_redis import EmbeddedRedis
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Where the broker(s) and the result store are; Kafka only when a scenario needs it.
+
+    ``worker_env`` is added to every worker's environment (e.g. OMP_NUM_THREADS).
+    """
+
+    redis_url: str
+    kafka_url: str | None
+    worker_env: tuple[tuple[str, str], ...] = ()
+
+    def broker_for(self, transport: str) -> str:
+        if transport == "kafka":
+            if self.kafka_url is None:
+                raise RuntimeError("no Kafka broker was started for a kafka scenario")
+            return self.kafka_url
+        return self.redis_url
+
+    def server_pids(self) -> dict[str, int]:
+        """PIDs of the servers this process started (external ones cannot be measured)."""
+        # /proc/PID/comm is cut at 15 characters ("tansu-v0.6.0-51"), so match prefixes.
+        prefixes = (("redis-server", "redis"), ("tansu", "kafka"))
+        found: dict[str, int] = {}
+        for pid in children(os.getpid()):
+            name = process_name(pid)
+            for prefix, label in prefixes:
+                if name.startswith(prefix):
+                    found[label] = pid
+        return found
+
+
+@contextmanager
+def services(redis_url: str | None, kafka_url: str | None, need_kafka: bool,
+             worker_env: tuple[tuple[str, str], ...] = ()) -> Iterator[Services]:
+    """Start whatever was not given: an embedded Redis, and Tansu if Kafka is needed."""
+    with ExitStack() as stack:
+        if redis_url is None:
+            redis_url = stack.enter_context(EmbeddedRedis()).url
+        if need_kafka and kafka_url is None:
+            from connectors.embedded_kafka import EmbeddedKafka
+
+            kafka_url = stack.enter_context(EmbeddedKafka()).url
+        yield Services(redis_url, kafka_url, worker_env)
+
+
+def new_namespace(tag: str) -> str:
+    return f"bench-{tag}-{uuid.uuid4().hex[:6]}"
+
+
+@contextmanager
+def worker(svc: Services, transport: str, model: str, max_batch_size: int,
+           max_wait_ms: float, namespace: str) -> Iterator[WorkerProcess]:
+    """A real ``batchfleet worker`` subprocess, warmed up; SIGTERM-drained on exit."""
+    proc = WorkerProcess(
+        svc.broker_for(transport), svc.redis_url, models=(model,), namespace=namespace,
+        log_level="warning", env=dict(svc.worker_env),
+        extra_args=("--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms)))
+    with proc:
+        proc.wait_ready()
+        yield proc

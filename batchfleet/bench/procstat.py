@@ -1,0 +1,89 @@
+"""CPU time of processes, read from ``/proc``, so each component's share of the CPUs is known.
+
+The worker's CPU per request (excluding the model) is derived from these
+readings; the other processes (client, Redis, Kafka) are read the same way to
+show honestly what shares the machine with the worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+#: The label under which a snapshot also records machine-wide busy CPU time.
+MACHINE = "machine"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads), in seconds; 0.0 once it has gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may contain spaces; fields resume after its ')'.
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (the servers and workers the bench started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(raw[raw.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds spent busy machine-wide (all CPUs, everything but idle and iowait)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(v) for v in fields]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSnapshot:
+    """CPU seconds per labelled process at one wall-clock instant."""
+
+    wall: float
+    seconds: dict[str, float]
+
+
+class CpuMeter:
+    """Labelled processes whose CPU time is read together, so a window's usage is a difference."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+
+    def snapshot(self, wall: float) -> CpuSnapshot:
+        seconds = {label: cpu_seconds(pid) for label, pid in self.pids.items()}
+        seconds[MACHINE] = system_busy_seconds()
+        return CpuSnapshot(wall, seconds)
+
+    @staticmethod
+    def usage(start: CpuSnapshot, end: CpuSnapshot) -> dict[str, float]:
+        """CPU seconds used between two snapshots: per process, ``other`` and the machine.
+
+        ``other`` is machine-wide busy time not accounted to a labelled process:
+        anything else running on the box during the window (kernel, other jobs).
+        """
+        used = {label: round(end.seconds[label] - start.seconds.get(label, 0.0), 4)
+                for label in end.seconds}
+        ours = sum(v for k, v in used.items() if k != MACHINE)
+        used["other"] = round(max(0.0, used[MACHINE] - ours), 4)
+        return used

@@ -1,0 +1,160 @@
+"""The markdown tables printed by ``batchfleet bench`` and written next to its JSON.
+
+One function per table, each taking the JSON-shaped report, so the same text
+can be regenerated from a saved ``bench.json`` without re-running anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from batchfleet.bench.targets import evaluate
+
+#: More than this many cores used by other processes in a window earns a warning.
+BUSY_OTHER_CORES = 0.2
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in row) + " |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def targets_table(report: dict[str, Any]) -> str:
+    rows = [(t.name, _fmt(t.value, 2), f"{'>=' if t.sense == 'min' else '<='} {t.goal:g}",
+             "met" if t.met else f"**missed** ({t.miss.removeprefix('missed by ')})", t.detail)
+            for t in evaluate(report)]
+    return table(("target", "value", "goal", "result", "detail"), rows)
+
+
+def _util(cpu: dict[str, float]) -> str:
+    order = ("worker", "client", "redis", "kafka", "other")
+    return " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in order)
+
+
+def throughput_table(report: dict[str, Any]) -> str:
+    ceilings = report.get("ceilings", {})
+    rows = []
+    for s in report.get("scenarios", []):
+        t = s["throughput"]
+        ceiling = ceilings.get(s["model"], {}).get("forward", {}).get("samples_per_s")
+        split = t["time_split"]
+        rows.append((
+            s["model"], s["transport"], f"{s['max_batch_size']} / {s['max_wait_ms']:g}",
+            _fmt(t["throughput_rps"]), _fmt(ceiling),
+            _fmt(t["throughput_rps"] / ceiling, 3) if ceiling else "-",
+            _fmt(t["mean_batch_size"]), _fmt(split.get("mean_queue_ms"), 2),
+            _fmt(split.get("mean_compute_ms"), 2), _fmt(split.get("mean_rest_ms"), 2),
+            _fmt(t["worker_cpu_us_per_request"]),
+            _fmt(t["worker_overhead_us_per_request"]["as_specified"]),
+            _util(t.get("cpu_util", {})),
+        ))
+    return table(("model", "transport", "batch / wait ms", "req/s", "ceiling req/s",
+                  "e2e / ceiling", "mean batch", "queue ms", "compute ms", "rest ms",
+                  "worker CPU us/req", "overhead us/req",
+                  "CPU cores: worker / client / redis / kafka / other"), rows)
+
+
+def latency_table(report: dict[str, Any]) -> str:
+    rows = []
+    for s in report.get("scenarios", []):
+        points = [*s["latency"], *([s["latency_coalesced"]] if "latency_coalesced" in s else [])]
+        for p in points:
+            lat = p["latency"]
+            load = f"{p['load']:.0%}" + (" coalesced" if p["submit_mode"] == "coalesced" else "")
+            rows.append((s["model"], s["transport"], load, _fmt(p["offered_rps"]),
+                         _fmt(p["achieved_rps"]), _fmt(lat["p50_ms"], 2), _fmt(lat["p95_ms"], 2),
+                         _fmt(lat["p99_ms"], 2), _fmt(lat["max_ms"], 2),
+                         _fmt(p["mean_batch_size"]), _fmt(p["submit_ms"]["p50"], 2),
+                         _fmt(p["start_lag_ms"]["p99"], 2)))
+    return table(("model", "transport", "load", "offered req/s", "achieved req/s", "p50 ms",
+                  "p95 ms", "p99 ms", "max ms", "mean batch", "submit p50 ms",
+                  "client lag p99 ms"), rows)
+
+
+def baselines_table(report: dict[str, Any]) -> str:
+    rows = []
+    for c in report.get("ceilings", {}).values():
+        rows.append((f"model alone: {c['model']}", f"batch {c['batch_size']}, "
+                     f"{c['torch_threads']} torch threads",
+                     _fmt(c["forward"]["samples_per_s"]),
+                     f"handler path {_fmt(c['handler']['samples_per_s'])}/s; "
+                     f"{_fmt(c['forward']['ms_per_batch'], 3)} ms/batch; "
+                     f"CPU/wall {c['forward']['cpu_per_wall']:.2f}"))
+    rq = report.get("naive_rq", {})
+    fastest = rq.get("fastest", {})
+    for r in [*rq.get("runs", []), *([rq["pool"]] if "pool" in rq else [])]:
+        star = " (fastest)" if (r["worker_class"] == fastest.get("worker_class")
+                                and r["workers"] == fastest.get("workers")) else ""
+        rows.append((f"naive RQ: {r['worker_class'].rsplit('.', 1)[-1]}{star}",
+                     f"{r['workers']} worker(s), {r['jobs']:,} jobs",
+                     _fmt(r["jobs_per_s"]),
+                     f"worker CPU {_fmt(r['worker_cpu_us_per_job'])} us/job"))
+    return table(("baseline", "setting", "req/s", "notes"), rows)
+
+
+def sweep_table(report: dict[str, Any]) -> str:
+    rows = [(p["max_batch_size"], _fmt(p["max_wait_ms"], 0), _fmt(p["throughput_rps"]),
+             f"{p['load']:.0%} {p.get('submit_mode', 'per-request')}",
+             _fmt(p["offered_rps"]), _fmt(p["p50_ms"], 2), _fmt(p["p99_ms"], 2),
+             _fmt(p["mean_batch_size"]))
+            for p in report.get("sweep", [])]
+    return table(("max_batch_size", "max_wait_ms", "saturation req/s", "open-loop load",
+                  "offered req/s", "p50 ms", "p99 ms", "mean batch"), rows)
+
+
+def profile_table(report: dict[str, Any], top: int = 10) -> str:
+    parts = []
+    for key, prof in report.get("profiles", {}).items():
+        for who in ("worker", "client"):
+            summary = prof.get(who)
+            if not summary or not summary.get("samples"):
+                continue
+            roles = ", ".join(f"{r} {p:.0f}%" for r, p in summary["roles"].items())
+            parts.append(f"**{key}, {who}** ({summary['samples']:,} samples; {roles})\n")
+            parts.append(table(("function (self time)", "% of samples"),
+                               [(e["function"], _fmt(e["pct"])) for e in summary["self"][:top]]))
+            project = summary.get("project_inclusive", [])[:top]
+            if project:
+                parts.append(table(("batchfleet function (inclusive)", "% of samples"),
+                                   [(e["function"], _fmt(e["pct"])) for e in project]))
+    return "\n\n".join(parts)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    meta = report.get("meta", {})
+    head = (f"# batchfleet bench{' (quick)' if meta.get('quick') else ''}\n\n"
+            f"{meta.get('machine', '')}\n")
+    other = meta.get("max_other_cores") or 0.0
+    if other > BUSY_OTHER_CORES:
+        head += (f"\n**Warning: the machine was busy.** Processes outside the bench used up "
+                 f"to {other:.2f} cores during a measured window (load average "
+                 f"{meta.get('loadavg_start')} at start); figures are depressed and ratios "
+                 "against the ceiling are unreliable. Re-run on a quiet machine.\n")
+    sections = [head, "## Targets\n", targets_table(report),
+                "\n## Throughput (closed loop, saturated)\n", throughput_table(report),
+                "\n## Latency (open loop, Poisson, submit to result available)\n",
+                latency_table(report), "\n## Baselines (same run, same machine)\n",
+                baselines_table(report)]
+    if report.get("sweep"):
+        sections += ["\n## Sweep\n", sweep_table(report)]
+    if report.get("profiles"):
+        sections += ["\n## Profile (py-spy, separate passes)\n", profile_table(report)]
+    return "\n".join(sections) + "\n"

@@ -1,0 +1,250 @@
+"""A whole bench run: baselines first, then every scenario, the sweep, the plot and the files.
+
+Order matters for fairness. The model-alone ceiling runs before any server or
+worker exists, so it has the CPUs to itself (and again at the end, the faster kept,
+in case outside load hit one of the two); the RQ baseline runs next, alone
+with its Redis; each fleet scenario then runs with only its own worker, the
+client and the brokers alive. Everything is written as JSON (the record) and
+markdown (the tables, regenerated from the JSON by ``report``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from batchfleet.bench.ceiling import model_ceiling
+from batchfleet.bench.fleet import services
+from batchfleet.bench.naive_rq import naive_rq
+from batchfleet.bench.plan import BenchPlan
+from batchfleet.bench.profiling import py_spy, summarize
+from batchfleet.bench.report import render_markdown
+from batchfleet.bench.scenario import Phases, ProfilerFactory, run_scenario
+from batchfleet.bench.sweep import run_sweep
+from batchfleet.bench.targets import evaluate
+from connectors.embedded_redis import find_redis_server
+
+Progress = Callable[[str], None]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _redis_version() -> str:
+    try:
+        out = subprocess.run([find_redis_server(), "--version"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+        return out.split()[2].removeprefix("v=") if out else "?"
+    except Exception:  # informational only: a missing version must not stop the bench
+        return "?"
+
+
+def _git_commit() -> str:
+    """The commit measured, with ``+dirty`` when the runtime packages have local edits."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "workers", "producers", "connectors",
+             "schemas"], cwd=root, text=True, capture_output=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def machine_meta(plan: BenchPlan, threads: int) -> dict[str, Any]:
+    import rq
+
+    cpus = os.cpu_count() or 0
+    return {
+        "quick": plan.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpus": cpus, "cpu_model": _cpu_model(), "torch": torch.__version__,
+        "torch_threads": threads, "python": platform.python_version(),
+        "redis_server": _redis_version(), "rq": rq.__version__, "commit": _git_commit(),
+        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
+        "machine": (f"Commit {_git_commit()}; {cpus} CPUs ({_cpu_model()}), torch "
+                    f"{torch.__version__} with {threads} threads, Python "
+                    f"{platform.python_version()}, RQ {rq.__version__}. "
+                    "The client (this process), Redis, Kafka (Tansu) and the worker share "
+                    "these CPUs; 'other' is machine-wide busy time outside them."),
+    }
+
+
+def _profiler(out_dir: Path, key: str, sink: dict[str, Any]) -> ProfilerFactory:
+    @contextmanager
+    def factory(worker_pid: int, client_pid: int) -> Iterator[None]:
+        paths = {"worker": out_dir / "profiles" / f"{key}-worker.raw",
+                 "client": out_dir / "profiles" / f"{key}-client.raw"}
+        with ExitStack() as stack:
+            stack.enter_context(py_spy(worker_pid, paths["worker"]))
+            stack.enter_context(py_spy(client_pid, paths["client"]))
+            yield
+        sink[key] = {who: summarize(path) for who, path in paths.items()}
+
+    return factory
+
+
+def best_ceiling(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Per loop, the faster of two ceiling measurements; both figures are kept."""
+    out = dict(first)
+    for loop in ("forward", "handler"):
+        a, b = first[loop], second[loop]
+        best = b if b["samples_per_s"] > a["samples_per_s"] else a
+        out[loop] = {**best, "measurements": [a["samples_per_s"], b["samples_per_s"]]}
+    return out
+
+
+def max_other_cores(report: dict[str, Any]) -> float:
+    """The most CPU that anything outside the bench used during a measured window."""
+    utils = []
+    for s in report.get("scenarios", []):
+        utils.append(s["throughput"].get("cpu_util", {}))
+        utils += [p.get("cpu_util", {}) for p in s["latency"]]
+    return round(max((u.get("other", 0.0) for u in utils), default=0.0), 2)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null, so the JSON is strict and easy to consume."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _save(plan: BenchPlan, report: dict[str, Any], complete: bool) -> None:
+    """Write the JSON; also after each stage, so a late failure keeps what was measured."""
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    body = _finite({**report, "complete": complete})
+    (plan.out_dir / "bench.json").write_text(json.dumps(body, indent=2) + "\n")
+
+
+def rerender(json_path: Path, plot_path: Path | None) -> dict[str, Any]:
+    """Rebuild ``bench.md`` (and the plot) from a saved ``bench.json``, measuring nothing.
+
+    Profiles are re-ranked from their raw py-spy files when those are still there,
+    and targets are re-evaluated, so changing how results are presented never needs
+    a new run.
+    """
+    report: dict[str, Any] = json.loads(json_path.read_text())
+    for key, prof in report.get("profiles", {}).items():
+        for who, summary in list(prof.items()):
+            raw = Path(summary.get("raw", ""))
+            if raw.is_file():
+                prof[who] = summarize(raw)
+        report["profiles"][key] = prof
+    report["targets"] = [t.as_dict() for t in evaluate(report)]
+    if report.get("sweep") and plot_path is not None:
+        from batchfleet.bench.plot import plot_sweep
+
+        report["plot"] = str(plot_sweep(report["sweep"], plot_path, _plot_title(report)))
+    report = _finite(report)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    json_path.with_name("bench.md").write_text(render_markdown(report))
+    return report
+
+
+def _plot_title(report: dict[str, Any]) -> str:
+    sweep = report["plan"]["sweep"]
+    threads = report["meta"]["torch_threads"]
+    return (f"{sweep['model']} over {sweep['transport']}: saturation throughput vs p99 at "
+            f"{sweep['load']:.0%} load\n({report['meta']['cpus']} CPUs shared by all "
+            f"processes, {threads} torch thread{'s' if threads != 1 else ''})")
+
+
+def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str, Any]:
+    """Run ``plan``; returns the report and writes ``bench.json`` and ``bench.md``."""
+    plan = plan.validated()
+    began = time.monotonic()
+
+    def say(message: str) -> None:
+        progress(f"[{time.monotonic() - began:6.1f}s] {message}")
+
+    # Worker subprocesses inherit this environment, so torch's default here is theirs too;
+    # --torch-threads sets both (OMP_NUM_THREADS for the workers).
+    threads = plan.torch_threads or torch.get_num_threads()
+    worker_env = (("OMP_NUM_THREADS", str(threads)),) if plan.torch_threads else ()
+    report: dict[str, Any] = {"meta": machine_meta(plan, threads),
+                              "plan": _finite(json.loads(json.dumps(asdict(plan), default=str)))}
+    report["ceilings"] = {}
+    for m in plan.models:
+        say(f"model alone: {m.model} at batch {m.max_batch_size}, {threads} torch threads")
+        report["ceilings"][m.model] = model_ceiling(m.model, m.max_batch_size, plan.ceiling_s,
+                                                    threads)
+    phases = Phases(plan.warmup_s, plan.closed_s, plan.open_s, plan.loads, plan.max_requests,
+                    plan.coalesced_load, plan.noise_retries, plan.noise_cores)
+    profiles: dict[str, Any] = {}
+    with services(plan.redis_url, plan.kafka_url, "kafka" in plan.transports,
+                  worker_env) as svc:
+        if plan.rq_classes:
+            say(f"naive RQ on the same Redis: {', '.join(plan.rq_classes)}")
+            report["naive_rq"] = naive_rq(svc.redis_url, plan.rq_classes, plan.rq_jobs,
+                                          plan.rq_slow_jobs, plan.rq_pool, dict(worker_env))
+            _save(plan, report, complete=False)
+        report["scenarios"] = []
+        for transport in plan.transports:
+            for m in plan.models:
+                say(f"{m.model} over {transport}: batch {m.max_batch_size}, "
+                    f"wait {m.max_wait_ms:g} ms")
+                key = f"{m.model}-{transport}"
+                report["scenarios"].append(run_scenario(
+                    svc, transport, m, phases, seed=plan.seed,
+                    model_cpu_per_wall=report["ceilings"][m.model]["handler"]["cpu_per_wall"],
+                    profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None))
+                _save(plan, {**report, "profiles": profiles}, complete=False)
+        if plan.sweep is not None:
+            sweep = plan.sweep
+            say(f"sweep: {sweep.model} over {sweep.transport}, batch {sweep.batch_sizes} x "
+                f"wait {sweep.waits_ms} ms")
+            ceiling = report["ceilings"].get(sweep.model) or model_ceiling(
+                sweep.model, 64, plan.ceiling_s, threads)
+            report["sweep"] = run_sweep(
+                svc, sweep, Phases(plan.warmup_s, plan.sweep_closed_s, plan.sweep_open_s,
+                                   (sweep.load,), plan.max_requests, None,
+                                   plan.noise_retries, plan.noise_cores),
+                model_cpu_per_wall=ceiling["handler"]["cpu_per_wall"], seed=plan.seed)
+    for m in plan.models:
+        # Measured again now that every server and worker is gone, and the faster of the
+        # two kept per loop: a ceiling is an upper bound, and outside load during one of
+        # the two measurements can only have lowered it.
+        say(f"model alone again: {m.model}")
+        report["ceilings"][m.model] = best_ceiling(
+            report["ceilings"][m.model],
+            model_ceiling(m.model, m.max_batch_size, plan.ceiling_s, threads))
+    if profiles:
+        report["profiles"] = profiles
+    if plan.sweep is not None and plan.plot_path is not None and report.get("sweep"):
+        from batchfleet.bench.plot import plot_sweep
+
+        report["plot"] = str(plot_sweep(report["sweep"], plan.plot_path, _plot_title(report)))
+    report["meta"]["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+    report["meta"]["max_other_cores"] = max_other_cores(report)
+    report["meta"]["elapsed_s"] = round(time.monotonic() - began, 1)
+    report["targets"] = [t.as_dict() for t in evaluate(report)]
+    report = _finite({**report, "complete": True})
+    _save(plan, report, complete=True)
+    (plan.out_dir / "bench.md").write_text(render_markdown(report))
+    say(f"wrote {plan.out_dir / 'bench.json'} and {plan.out_dir / 'bench.md'}")
+    return report

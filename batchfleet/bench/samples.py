@@ -1,0 +1,106 @@
+"""Per-request measurements and the summaries the report is built from.
+
+A sample is taken at the client when a result becomes available there, so
+``done - sent`` is the latency a caller sees. The worker's own timings
+(``queue_ms``, ``compute_ms``, ``batch_size``) ride along on the result and
+give the split between waiting in the queue and computing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas.envelopes import Result
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request: when it was sent and answered (wall clock), and what the worker reported."""
+
+    sent: float
+    done: float
+    status: str
+    queue_ms: float
+    compute_ms: float
+    batch_size: int
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.sent) * 1000.0
+
+
+def sample_of(result: Result, sent: float, done: float) -> Sample:
+    return Sample(sent, done, result.status, result.queue_ms or 0.0, result.compute_ms or 0.0,
+                  result.batch_size or 0)
+
+
+def in_window(samples: Sequence[Sample], start: float, end: float) -> list[Sample]:
+    """The samples answered inside ``[start, end]``: steady state, without ramp-up or drain."""
+    return [s for s in samples if start <= s.done <= end]
+
+
+def _r(value: float, digits: int = 3) -> float:
+    return round(value, digits) if math.isfinite(value) else value
+
+
+def latency_summary(samples: Sequence[Sample]) -> dict[str, float]:
+    """p50/p95/p99/max/mean of submit-to-result-available latency, in ms."""
+    if not samples:
+        nan = float("nan")
+        return {"p50_ms": nan, "p95_ms": nan, "p99_ms": nan, "max_ms": nan, "mean_ms": nan}
+    lat = np.fromiter((s.latency_ms for s in samples), dtype=np.float64, count=len(samples))
+    p50, p95, p99 = np.percentile(lat, [50, 95, 99])
+    return {"p50_ms": _r(float(p50)), "p95_ms": _r(float(p95)), "p99_ms": _r(float(p99)),
+            "max_ms": _r(float(lat.max())), "mean_ms": _r(float(lat.mean()))}
+
+
+def time_split(samples: Sequence[Sample]) -> dict[str, float]:
+    """Where a request's time goes, on average: queue wait, compute, and the rest.
+
+    ``rest`` is submit, result write, announcement and the client's read: the
+    transport's share. Fractions are of the mean end-to-end latency.
+    """
+    if not samples:
+        return {}
+    e2e = float(np.mean([s.latency_ms for s in samples]))
+    queue = float(np.mean([s.queue_ms for s in samples]))
+    compute = float(np.mean([s.compute_ms for s in samples]))
+    rest = e2e - queue - compute
+    return {"mean_e2e_ms": _r(e2e), "mean_queue_ms": _r(queue),
+            "mean_compute_ms": _r(compute), "mean_rest_ms": _r(rest),
+            "queue_frac": _r(queue / e2e if e2e else 0.0),
+            "compute_frac": _r(compute / e2e if e2e else 0.0),
+            "rest_frac": _r(rest / e2e if e2e else 0.0)}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTotals:
+    """Batches behind a set of samples, reconstructed from each request's share of its batch.
+
+    Each request carries its batch's size and compute time, so summing
+    ``1 / batch_size`` counts batches and ``compute_ms / batch_size`` sums their
+    compute, without the worker having to export anything else.
+    """
+
+    requests: int
+    batches: float
+    compute_s: float
+    mean_batch_size: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "batches": round(self.batches, 1),
+                "model_compute_s": round(self.compute_s, 4),
+                "mean_batch_size": round(self.mean_batch_size, 2)}
+
+
+def batch_totals(samples: Sequence[Sample]) -> BatchTotals:
+    sized = [s for s in samples if s.batch_size > 0]
+    batches = sum(1.0 / s.batch_size for s in sized)
+    compute_s = sum(s.compute_ms / s.batch_size for s in sized) / 1000.0
+    return BatchTotals(len(samples), batches, compute_s,
+                       len(sized) / batches if batches else 0.0)

@@ -1,0 +1,143 @@
+"""``batchfleet bench``: throughput, latency, baselines, sweep and profile in one run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchfleet.options import JsonOpt, fail
+
+
+def bench(
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Short phases and no sweep: the whole run in under two minutes.")
+    ] = False,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", "-m", help="demo-mlp and/or demo-encoder (repeatable). Default: both.")
+    ] = None,
+    transport: Annotated[list[str] | None, typer.Option(
+        "--transport", "-t", help="redis and/or kafka (repeatable). Default: both.")] = None,
+    out: Annotated[Path, typer.Option(
+        help="Directory for bench.json, bench.md and py-spy profiles.")
+    ] = Path("bench-results"),
+    sweep: Annotated[bool | None, typer.Option(
+        "--sweep/--no-sweep",
+        help="Run the max_batch_size x max_wait_ms sweep. Default: on, off with --quick.")
+    ] = None,
+    sweep_batch: Annotated[list[int] | None, typer.Option(
+        help="Sweep max_batch_size values (repeatable). Default: 16, 64, 256.")] = None,
+    sweep_wait: Annotated[list[float] | None, typer.Option(
+        help="Sweep max_wait_ms values (repeatable). Default: 1, 5, 20.")] = None,
+    plot: Annotated[Path, typer.Option(help="Where the sweep's throughput-vs-p99 PNG goes.")
+                    ] = Path("docs/bench-sweep.png"),
+    profile: Annotated[bool, typer.Option(
+        "--profile", help="Extra passes under py-spy (worker and client); ranked hot spots.")
+    ] = False,
+    seconds: Annotated[float | None, typer.Option(
+        help="Length of each measured phase (closed loop, each open-loop load).")] = None,
+    max_requests: Annotated[int | None, typer.Option(
+        help="Cap requests per phase (smoke tests).")] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(
+        help="Worker max_wait_ms for both models (default 5).")] = None,
+    mlp_batch_size: Annotated[int | None, typer.Option(
+        help="demo-mlp max_batch_size (default 256).")] = None,
+    encoder_batch_size: Annotated[int | None, typer.Option(
+        help="demo-encoder max_batch_size (default 32).")] = None,
+    rq_jobs: Annotated[int | None, typer.Option(
+        help="Jobs for the naive RQ SimpleWorker baseline.")] = None,
+    torch_threads: Annotated[int | None, typer.Option(
+        help="Torch intra-op threads for workers and the ceiling (default: torch's own, "
+             "as the worker ships).")] = None,
+    rq: Annotated[bool, typer.Option("--rq/--no-rq", help="Run the naive RQ baseline.")
+                  ] = True,
+    rq_class: Annotated[list[str] | None, typer.Option(
+        help="RQ worker classes to compare (repeatable, dotted paths). Default: SimpleWorker "
+             "and a fork worker with the model preloaded; the full run adds Worker and "
+             "SpawnWorker.")] = None,
+    redis: Annotated[str | None, typer.Option(
+        "--redis", help="Use this Redis (broker, results, RQ) instead of an embedded one.")
+    ] = None,
+    kafka: Annotated[str | None, typer.Option(
+        "--kafka", help="Use this Kafka (kafka://host:port) instead of the bundled Tansu.")
+    ] = None,
+    from_json: Annotated[Path | None, typer.Option(
+        help="Measure nothing: re-render bench.md (and the plot) from this bench.json.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark the fleet end to end against the model alone and naive RQ, in one run.
+
+    Starts its own Redis (and Kafka-compatible broker), real worker processes and
+    RQ workers on free loopback ports; writes bench.json and bench.md to --out and
+    prints the tables. docs/performance.md explains the method.
+
+    Examples:
+
+        batchfleet bench --quick
+
+        batchfleet bench --profile
+
+        batchfleet bench --quick -m demo-mlp -t redis --no-rq
+
+        batchfleet bench --no-sweep --seconds 20 --out /tmp/bench
+
+        batchfleet bench --quick --torch-threads 1 --out bench-results/one-thread
+
+        batchfleet bench --from-json bench-results/bench.json --plot docs/bench-sweep.png
+    """
+    from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, full_plan, quick_plan
+    from batchfleet.bench.report import render_markdown
+    from batchfleet.bench.run import rerender, run_bench
+    from schemas.errors import BatchfleetError
+
+    if from_json is not None:
+        if not from_json.is_file():
+            raise fail(f"--from-json {from_json}: no such file")
+        report = rerender(from_json, plot)
+        typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
+        return
+
+    plan = quick_plan(out) if quick else full_plan(out)
+    models = []
+    for name in model or list(DEFAULT_MODEL_PLANS):
+        if name not in DEFAULT_MODEL_PLANS:
+            raise fail(f"--model {name!r}: bench drives {', '.join(DEFAULT_MODEL_PLANS)}")
+        m = DEFAULT_MODEL_PLANS[name]
+        size = {"demo-mlp": mlp_batch_size, "demo-encoder": encoder_batch_size}[name]
+        if size is not None:
+            chunk = max(size, 32)
+            m = replace(m, max_batch_size=size, chunk=chunk,
+                        chunks_in_flight=max(4, min(32, m.chunk * m.chunks_in_flight // chunk)))
+        if max_wait_ms is not None:
+            m = replace(m, max_wait_ms=max_wait_ms)
+        models.append(m)
+    plan = replace(plan, models=tuple(models), transports=tuple(transport or plan.transports),
+                   plot_path=plot, profile=profile, max_requests=max_requests,
+                   torch_threads=torch_threads,
+                   redis_url=redis, kafka_url=kafka)
+    if sweep is not None:
+        plan = replace(plan, sweep=full_plan(out).sweep if sweep else None)
+    if plan.sweep is not None and (sweep_batch or sweep_wait):
+        plan = replace(plan, sweep=replace(
+            plan.sweep, batch_sizes=tuple(sweep_batch or plan.sweep.batch_sizes),
+            waits_ms=tuple(sweep_wait or plan.sweep.waits_ms)))
+    if seconds is not None:
+        plan = replace(plan, closed_s=seconds, open_s=seconds, sweep_closed_s=seconds,
+                       sweep_open_s=seconds, ceiling_s=min(plan.ceiling_s, seconds))
+    if not rq or "demo-mlp" not in {m.model for m in plan.models}:
+        plan = replace(plan, rq_classes=())
+    else:
+        if rq_jobs is not None:
+            plan = replace(plan, rq_jobs=rq_jobs, rq_slow_jobs=min(plan.rq_slow_jobs, rq_jobs))
+        if rq_class:
+            plan = replace(plan, rq_classes=tuple(rq_class))
+    try:
+        report = run_bench(plan, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except BatchfleetError as exc:
+        raise fail(str(exc), 1) from exc
+    typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))

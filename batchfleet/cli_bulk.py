@@ -1,0 +1,270 @@
+"""``batchfleet bulk run | status | cancel | list``: resumable bulk scoring jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import structlog
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+
+T = TypeVar("T")
+
+bulk_app = typer.Typer(
+    help="Score files on the fleet (low-priority lane): resumable nightly bulk jobs.",
+    no_args_is_help=True, rich_markup_mode="markdown")
+
+JobIdArg = Annotated[str, typer.Argument(help="The job ID `bulk run` printed.")]
+
+
+def _configure_logging(fmt: str, level: str) -> None:
+    """JSON log lines, or a console on a TTY (as ``batchfleet worker``; torch-free import)."""
+    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.dev.ConsoleRenderer() if console
+                    else structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+
+
+def _redis_call(broker: str, results: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
+    from connectors import redis_client
+    from producers.bulk import Endpoints
+
+    async def go() -> T:
+        client = redis_client(Endpoints(broker, results).results_url)
+        try:
+            return await body(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+@bulk_app.command()
+def run(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name, as workers serve it.")],
+    input: Annotated[Path, typer.Option("--input", "-i", help=".jsonl, .parquet or .npy file.")],
+    output: Annotated[Path, typer.Option("--output", "-o",
+                                         help="Output file, same format family as the input.")],
+    broker: BrokerOpt,
+    errors: Annotated[Path | None, typer.Option(
+        help="Failed rows (JSONL). Default: OUTPUT's stem + .errors.jsonl.")] = None,
+    job_id: Annotated[str | None, typer.Option(
+        envvar="BATCHFLEET_BULK_JOB_ID",
+        help="Run again with the same ID to resume. Default: a new ID (printed).")] = None,
+    results: ResultsOpt = None,
+    retry_failed: Annotated[bool, typer.Option(
+        help="Run only the failed rows of a finished job again.")] = False,
+    max_failure_rate: Annotated[float, typer.Option(
+        help="Exit 1 when more than this fraction of rows failed.")] = 0.0,
+    window: Annotated[int, typer.Option(
+        envvar="BATCHFLEET_BULK_WINDOW", help="Rows in flight at most (backpressure).")] = 4096,
+    dtype: Annotated[str, typer.Option(
+        help="auto (floats as float32) or a dtype to cast inputs to.")] = "auto",
+    input_column: Annotated[str | None, typer.Option(
+        help="Parquet: the list column holding each row's tensor (default: 'inputs').")] = None,
+    feature_columns: Annotated[str | None, typer.Option(
+        help="Parquet: comma-separated numeric columns stacked into the row vector.")] = None,
+    id_column: Annotated[str, typer.Option(
+        help="Field or column with the row's own ID, copied to the output.")] = "custom_id",
+    progress: Annotated[str, typer.Option(
+        help="auto (a bar on a TTY, else log lines), bar, log or none.")] = "auto",
+    stall_s: Annotated[float, typer.Option(
+        help="Publish rows again when they have no result for this long.")] = 600.0,
+    part_rows: Annotated[int, typer.Option(
+        help="Parquet: rows per durable part file (the resume granularity).")] = 65_536,
+    namespace: NamespaceOpt = "bf",
+    log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
+                                            help="auto, json or console.")] = "auto",
+    log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the final report as JSON instead of a table.")] = False,
+) -> None:
+    """Score a file through the fleet, resumably; print a summary.
+
+    Rows go on the low-priority `bulk` lane with at most `--window` in flight.
+    The output keeps `custom_id` (or the row index), `status` and `outputs`, in
+    input order; failed rows also go to the errors file. Exit code: 0 done, 1
+    more failures than `--max-failure-rate`, 2 bad usage or input, 3 cancelled,
+    4 the job ID is busy or belongs to another input.
+
+    Examples:
+
+        batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl --broker redis://localhost:6379/0
+
+        batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl --job-id nightly-20250101
+
+        batchfleet bulk run -m demo-mlp -i x.parquet -o y.parquet --feature-columns f0,f1,f2
+
+        batchfleet bulk run -m demo-mlp -i x.npy -o y.npy --job-id nightly-20250101 --retry-failed
+    """
+    from producers.bulk import (
+        BarProgress,
+        BulkError,
+        Endpoints,
+        InputFormatError,
+        JobConflictError,
+        JobSpec,
+        LogProgress,
+        NoProgress,
+        ProgressReporter,
+        Tuning,
+        exit_code,
+        new_job_id,
+        run_job,
+        summary_table,
+    )
+    from schemas.errors import BatchfleetError, ConfigError
+
+    _configure_logging(log_format, log_level)
+    job_id = job_id or new_job_id()
+    features = tuple(c.strip() for c in (feature_columns or "").split(",") if c.strip())
+    reporters: dict[str, Callable[[], ProgressReporter]] = {
+        "bar": BarProgress, "log": LogProgress, "none": NoProgress}
+    if progress == "auto":
+        progress = "bar" if sys.stderr.isatty() else "log"
+    if progress not in reporters:
+        raise fail(f"--progress must be auto, bar, log or none, not {progress!r}")
+    try:
+        spec = JobSpec.create(job_id, model, input, output, errors, dtype=dtype,
+                              input_column=input_column, feature_columns=features,
+                              id_column=id_column)
+        tuning = Tuning(window=window, stall_s=stall_s, part_rows=part_rows).validated()
+    except (ConfigError, InputFormatError) as exc:
+        raise fail(str(exc)) from exc
+    typer.secho(f"bulk job {job_id} (run again with --job-id {job_id} to resume)", err=True)
+    try:
+        report = asyncio.run(run_job(spec, Endpoints(broker, results, namespace), tuning=tuning,
+                                     progress=reporters[progress](),
+                                     retry_failed=retry_failed))
+    except KeyboardInterrupt:
+        raise fail(f"interrupted; resume with --job-id {job_id}", 130) from None
+    except JobConflictError as exc:
+        raise fail(str(exc), 4) from exc
+    except InputFormatError as exc:
+        raise fail(str(exc)) from exc
+    except (BulkError, BatchfleetError, OSError) as exc:
+        raise fail(f"{exc} (progress is saved: resume with --job-id {job_id})", 1) from exc
+    if as_json:
+        typer.echo(json.dumps(report.to_dict()))
+    else:
+        Console().print(summary_table(report, max_failure_rate))
+    raise typer.Exit(exit_code(report, max_failure_rate))
+
+
+def _record_json(record: Any) -> dict[str, Any]:
+    pos = record.position
+    return {"job_id": record.job_id, "status": record.display_status,
+            "model": record.identity.get("model"), "input": record.identity.get("input"),
+            "output": record.identity.get("output"), "errors": record.identity.get("errors"),
+            "rows_done": pos.rows, "total": record.total, "succeeded": pos.succeeded,
+            "failed": pos.failed, "retry_round": record.retry_round,
+            "created_at": record.created_at, "updated_at": record.updated_at,
+            "finished_at": record.finished_at, "running_on": record.owner,
+            "cancel_requested": record.cancel_requested, "error": record.error or None}
+
+
+def _ago(ts: float | None) -> str:
+    return "" if not ts else f"{time.time() - ts:,.0f}s ago"
+
+
+@bulk_app.command()
+def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
+           namespace: NamespaceOpt = "bf", as_json: JsonOpt = False) -> None:
+    """Show one job: status, rows done, failures, files. Exit 4 if unknown.
+
+    Status is running, retrying, finished, cancelled, error, or interrupted
+    (its process died: run it again with the same job ID to resume).
+
+    Examples:
+
+        batchfleet bulk status nightly-20250101 --broker redis://localhost:6379/0
+
+        batchfleet bulk status nightly-20250101 --json
+    """
+    from producers.bulk import load_job
+    from schemas.names import Names
+
+    record = _redis_call(broker, results,
+                         lambda r: load_job(r, Names(namespace), job_id))
+    if record is None:
+        raise fail(f"no bulk job {job_id} (never run, or its record expired)", 4)
+    body = _record_json(record)
+    if as_json:
+        typer.echo(json.dumps(body))
+        return
+    table = Table(title=f"bulk job {job_id}")
+    table.add_column("")
+    table.add_column("")
+    for key, value in body.items():
+        if value is not None and key != "job_id":
+            shown = _ago(value) if key.endswith("_at") and isinstance(value, float) else value
+            table.add_row(key, f"{shown:,}" if isinstance(shown, int) else str(shown))
+    Console().print(table)
+
+
+@bulk_app.command()
+def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
+           namespace: NamespaceOpt = "bf") -> None:
+    """Stop a job at its next checkpoint (within a second); it can be resumed later.
+
+    Examples:
+
+        batchfleet bulk cancel nightly-20250101 --broker redis://localhost:6379/0
+    """
+    from producers.bulk import request_cancel
+    from schemas.names import Names
+
+    record = _redis_call(broker, results,
+                         lambda r: request_cancel(r, Names(namespace), job_id))
+    if record is None:
+        raise fail(f"no bulk job {job_id}", 4)
+    if record.live:
+        typer.echo(f"cancel requested: {job_id} stops at its next checkpoint")
+    else:
+        typer.echo(f"{job_id} is not running; it is now {record.display_status}")
+
+
+@bulk_app.command("list")
+def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+          limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+          as_json: JsonOpt = False) -> None:
+    """List bulk jobs, newest first.
+
+    Examples:
+
+        batchfleet bulk list --broker redis://localhost:6379/0
+
+        batchfleet bulk list --limit 10 --json
+    """
+    from producers.bulk import list_jobs
+    from schemas.names import Names
+
+    records = _redis_call(broker, results,
+                          lambda r: list_jobs(r, Names(namespace), limit))
+    if as_json:
+        typer.echo(json.dumps([_record_json(r) for r in records]))
+        return
+    table = Table(title=f"bulk jobs ({len(records)})")
+    for col in ("job_id", "status", "model", "rows done", "failed", "updated"):
+        table.add_column(col)
+    for r in records:
+        total = f" / {r.total:,}" if r.total else ""
+        table.add_row(r.job_id, r.display_status, str(r.identity.get("model", "")),
+                      f"{r.position.rows:,}{total}", f"{r.position.failed:,}",
+                      _ago(r.updated_at))
+    Console().print(table)

@@ -1,0 +1,138 @@
+"""``batchfleet gateway`` (serve the HTTP API), ``gateway hash-key`` and ``gateway openapi``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchfleet.options import NamespaceOpt, ResultsOpt, fail
+from schemas.errors import ConfigError
+
+gateway_app = typer.Typer(
+    help="The HTTP gateway: submit, poll and long-poll over HTTP (docs/http-api.md).",
+    invoke_without_command=True, rich_markup_mode="markdown")
+
+KeysFileOpt = Annotated[Path | None, typer.Option(
+    "--keys-file", envvar="BATCHFLEET_GATEWAY_KEYS_FILE",
+    help="File of API keys, one KEY_ID:SHA256HEX:MODEL1,MODEL2 per line (* = any model).")]
+SchemesOpt = Annotated[str, typer.Option(
+    "--callback-schemes", envvar="BATCHFLEET_CALLBACK_SCHEMES",
+    help="Allowed callback URL schemes, comma-separated.")]
+HostsOpt = Annotated[str, typer.Option(
+    "--callback-hosts", envvar="BATCHFLEET_CALLBACK_HOSTS",
+    help="Allowed callback hosts (exact or *.suffix), comma-separated; empty: any public host.")]
+NetsOpt = Annotated[str, typer.Option(
+    "--callback-allow-nets", envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
+    help="Private/loopback networks callbacks may still reach, e.g. 127.0.0.0/8.")]
+
+
+def _keys(keys_file: Path | None) -> str:
+    text = os.environ.get("BATCHFLEET_GATEWAY_KEYS", "")
+    if keys_file is not None:
+        text += "\n" + keys_file.read_text()
+    return text
+
+
+@gateway_app.callback()
+def gateway(
+    ctx: typer.Context,
+    broker: Annotated[str | None, typer.Option(
+        "--broker", envvar="BATCHFLEET_BROKER",
+        help="redis://host:port/db or kafka://host:port[,host:port].")] = None,
+    results: ResultsOpt = None,
+    namespace: NamespaceOpt = "bf",
+    host: Annotated[str, typer.Option(envvar="BATCHFLEET_GATEWAY_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="BATCHFLEET_GATEWAY_PORT")] = 8080,
+    keys_file: KeysFileOpt = None,
+    max_body_bytes: Annotated[int, typer.Option(
+        envvar="BATCHFLEET_GATEWAY_MAX_BODY_BYTES", help="Larger bodies get 413.")] = 1 << 20,
+    max_batch_items: Annotated[int, typer.Option(
+        envvar="BATCHFLEET_GATEWAY_MAX_BATCH_ITEMS", help="Most requests per batch.")] = 1000,
+    max_wait_s: Annotated[float, typer.Option(
+        envvar="BATCHFLEET_GATEWAY_MAX_WAIT_S", help="Longest long-poll.")] = 60.0,
+    callback_schemes: SchemesOpt = "https",
+    callback_hosts: HostsOpt = "",
+    callback_allow_nets: NetsOpt = "",
+    log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
+) -> None:
+    """Serve the HTTP gateway (FastAPI + uvicorn).
+
+    API keys come from --keys-file and/or BATCHFLEET_GATEWAY_KEYS (entries separated by
+    newlines or ';'). Make one with `batchfleet gateway hash-key`.
+
+    Examples:
+
+        batchfleet gateway --broker redis://localhost:6379/0 --keys-file keys.txt --port 8080
+
+        BATCHFLEET_GATEWAY_KEYS='ci:<sha256>:demo-mlp' batchfleet gateway --broker redis://localhost:6379/0
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not broker:
+        raise fail("--broker (or BATCHFLEET_BROKER) is required")
+    from connectors.ssrf import CallbackPolicy
+    from producers.gateway import GatewaySettings, KeyRing
+    from producers.gateway.server import serve
+
+    try:
+        settings = GatewaySettings(
+            broker=broker, results=results, namespace=namespace,
+            keys=KeyRing.parse(_keys(keys_file)),
+            callback_policy=CallbackPolicy.parse(callback_schemes, callback_hosts,
+                                                 callback_allow_nets),
+            max_body_bytes=max_body_bytes, max_batch_items=max_batch_items,
+            max_wait_s=max_wait_s).validated()
+    except (ConfigError, OSError) as exc:
+        raise fail(str(exc)) from exc
+    serve(settings, host, port, log_level)
+
+
+@gateway_app.command("hash-key")
+def hash_key_cmd(
+    key_id: Annotated[str, typer.Option("--id", help="Name of the key (who uses it).")] = "default",
+    models: Annotated[str, typer.Option(
+        "--models", help="Models it may use, comma-separated; * for all.")] = "*",
+    stdin: Annotated[bool, typer.Option(
+        "--stdin", help="Hash a key read from stdin instead of making a new one.")] = False,
+) -> None:
+    """Make an API key and print it with the line to add to the gateway's keys.
+
+    The key itself is printed once, to stderr; only its hash goes into the keys file.
+
+    Examples:
+
+        batchfleet gateway hash-key --id billing --models demo-mlp >> keys.txt
+
+        echo -n "$EXISTING_KEY" | batchfleet gateway hash-key --id ci --stdin
+    """
+    from producers.gateway import ApiKey, KeyRing, hash_key, new_key
+
+    key = sys.stdin.read().strip() if stdin else new_key()
+    line = ApiKey(key_id, hash_key(key), frozenset(m.strip() for m in models.split(","))).line()
+    try:
+        KeyRing.parse(line)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    if not stdin:
+        typer.echo(f"API key (keep it secret, shown once): {key}", err=True)
+    typer.echo(line)
+
+
+@gateway_app.command("openapi")
+def openapi_cmd() -> None:
+    """Print the gateway's OpenAPI spec (JSON); the server also serves it at /openapi.json.
+
+    Examples:
+
+        batchfleet gateway openapi > openapi.json
+    """
+    from producers.gateway import GatewaySettings, KeyRing, create_app
+
+    placeholder = KeyRing.parse("spec:" + "0" * 64 + ":*")
+    app = create_app(GatewaySettings(broker="redis://localhost:6379/0", keys=placeholder))
+    typer.echo(json.dumps(app.openapi(), indent=2))

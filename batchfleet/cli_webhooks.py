@@ -1,0 +1,141 @@
+"""``batchfleet webhooks worker | failed | replay``: signed webhook delivery through RQ."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import redis
+import typer
+from rq import Queue
+
+from batchfleet.options import JsonOpt, NamespaceOpt, fail
+from schemas.errors import ConfigError
+from schemas.names import Names
+
+webhooks_app = typer.Typer(
+    help="Deliver signed webhooks (an RQ worker), list failed deliveries and replay them.",
+    no_args_is_help=True, rich_markup_mode="markdown")
+
+RedisOpt = Annotated[str, typer.Option(
+    "--results", envvar="BATCHFLEET_RESULTS",
+    help="Redis holding the results and the webhook queue, redis://host:port/db.")]
+
+
+def _queue(url: str, namespace: str) -> Queue:
+    return Queue(Names(namespace).webhook_queue, connection=redis.Redis.from_url(url))
+
+
+@webhooks_app.command()
+def worker(
+    results: RedisOpt,
+    namespace: NamespaceOpt = "bf",
+    secret: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_WEBHOOK_SECRET", help="HMAC-SHA256 signing secret (required).",
+        show_default=False)] = "",
+    callback_schemes: Annotated[str, typer.Option(envvar="BATCHFLEET_CALLBACK_SCHEMES")
+                                ] = "https",
+    callback_hosts: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_CALLBACK_HOSTS",
+        help="Allowed hosts (exact or *.suffix); empty: any public host.")] = "",
+    callback_allow_nets: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
+        help="Private/loopback networks still allowed, e.g. 127.0.0.0/8.")] = "",
+    timeout_s: Annotated[float, typer.Option(envvar="BATCHFLEET_WEBHOOK_TIMEOUT_S",
+                                             help="Per-delivery HTTP timeout.")] = 10.0,
+    burst: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
+) -> None:
+    """Run an RQ worker (with its scheduler, which the retry backoff needs) for webhooks.
+
+    Equivalent to `rq worker --with-scheduler bf-webhooks` with the same BATCHFLEET_*
+    environment variables.
+
+    Examples:
+
+        BATCHFLEET_WEBHOOK_SECRET=s3cret batchfleet webhooks worker --results redis://localhost:6379/0
+    """
+    from rq import Worker
+
+    from connectors.ssrf import CallbackPolicy
+    from connectors.webhook_jobs import DeliveryConfig, configure
+
+    try:
+        if not secret:
+            raise ConfigError("--secret / BATCHFLEET_WEBHOOK_SECRET is required")
+        configure(DeliveryConfig(secret, CallbackPolicy.parse(
+            callback_schemes, callback_hosts, callback_allow_nets), timeout_s))
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    queue = _queue(results, namespace)
+    Worker([queue], connection=queue.connection,
+           name=f"webhooks-{os.getpid()}").work(with_scheduler=True, burst=burst)
+
+
+@webhooks_app.command()
+def failed(results: RedisOpt, namespace: NamespaceOpt = "bf", as_json: JsonOpt = False) -> None:
+    """List deliveries that ran out of retries (RQ's failed registry).
+
+    Examples:
+
+        batchfleet webhooks failed --results redis://localhost:6379/0 --json
+    """
+    from rq.job import Job
+
+    queue = _queue(results, namespace)
+    ids = queue.failed_job_registry.get_job_ids()
+    rows = []
+    for job in Job.fetch_many(ids, connection=queue.connection):
+        if job is None:
+            continue
+        _, request_id, generation, url = job.args
+        latest = job.latest_result()
+        trace = ((latest.exc_string or "") if latest is not None else "").strip()
+        rows.append({"delivery_id": job.id, "request_id": request_id, "generation": generation,
+                     "callback_url": url, "ended_at": str(job.ended_at),
+                     "error": trace.splitlines()[-1] if trace else ""})
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    for row in rows:
+        typer.echo(f"{row['delivery_id']}  {row['request_id']}  {row['callback_url']}  "
+                   f"{row['error']}")
+    typer.echo(f"{len(rows)} failed deliveries", err=True)
+
+
+@webhooks_app.command()
+def replay(
+    delivery_ids: Annotated[list[str] | None, typer.Argument(
+        help="Delivery IDs to replay (from `webhooks failed`).")] = None,
+    results: RedisOpt = "",
+    namespace: NamespaceOpt = "bf",
+    all_: Annotated[bool, typer.Option("--all", help="Replay every failed delivery.")] = False,
+) -> None:
+    """Put failed deliveries back on the queue with their full retry budget.
+
+    Examples:
+
+        batchfleet webhooks replay --all --results redis://localhost:6379/0
+
+        batchfleet webhooks replay bf-wh-3f2a...-0 --results redis://localhost:6379/0
+    """
+    from rq.job import Job
+
+    if not results:
+        raise fail("--results (or BATCHFLEET_RESULTS) is required")
+    queue = _queue(results, namespace)
+    registry = queue.failed_job_registry
+    ids = registry.get_job_ids() if all_ else list(delivery_ids or [])
+    if not ids:
+        raise fail("name delivery IDs, or pass --all")
+    replayed = 0
+    for job_id in ids:
+        try:
+            job = Job.fetch(job_id, connection=queue.connection)
+        except Exception as exc:  # NoSuchJobError and friends: report, go on with the rest
+            typer.echo(f"{job_id}: {exc}", err=True)
+            continue
+        job.retries_left = int(job.meta.get("retry_max", 0)) or None
+        registry.requeue(job)
+        replayed += 1
+    typer.echo(f"replayed {replayed} of {len(ids)} deliveries")

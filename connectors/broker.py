@@ -1,0 +1,75 @@
+"""The transport interface that Redis Streams and Kafka both implement.
+
+Workers and producers only see these Protocols, so a transport is chosen by URL
+at the entry point and nothing above this layer branches on which one it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """One encoded request on its way to a model's lane. ``key`` is the request ID."""
+
+    model: str
+    lane: str
+    key: str
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message handed to a worker; ``token`` is what the transport needs to ack it."""
+
+    model: str
+    lane: str
+    payload: bytes
+    token: Any
+    #: How many times the broker has handed this message out, where it knows (else 1).
+    delivery_count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LaneBacklog:
+    """Queue depth of one model's lane: messages not yet acked (Redis) or lag (Kafka)."""
+
+    model: str
+    lane: str
+    depth: int
+    #: Age of the oldest unfinished request, where the transport can tell (Redis can).
+    oldest_age_s: float | None = None
+
+
+class Publisher(Protocol):
+    """Puts encoded requests on the broker, a whole batch per call."""
+
+    async def publish(self, messages: Sequence[OutboundMessage]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Consumer(Protocol):
+    """Hands a worker batches of deliveries and takes acks for whole batches.
+
+    ``fetch`` returns within ``timeout_s`` even when nothing arrives. ``pause``
+    stops pulling at the broker (the circuit breaker uses it) without leaving
+    the consumer group; ``ack`` is only called once results are durable.
+    """
+
+    async def start(self, models: Sequence[str]) -> None: ...
+
+    async def fetch(self, max_count: int, timeout_s: float) -> list[Delivery]: ...
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None: ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def backlog(self) -> list[LaneBacklog]: ...
+
+    async def close(self) -> None: ...

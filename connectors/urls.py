@@ -1,0 +1,51 @@
+"""Parsing of ``--broker`` and ``--results`` URLs into typed settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+from schemas.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerURL:
+    """A parsed broker URL: ``redis://host:port/db`` or ``kafka://host:port[,host:port]``."""
+
+    kind: Literal["redis", "kafka"]
+    url: str
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``host:port[,host:port]`` for aiokafka's ``bootstrap_servers``."""
+        return self.url.split("://", 1)[1].rstrip("/")
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerURL:
+        scheme = urlsplit(url).scheme
+        if scheme in ("redis", "rediss", "unix"):
+            return cls("redis", url)
+        if scheme == "kafka":
+            hosts = url.split("://", 1)[1].rstrip("/")
+            if not hosts or any(":" not in h for h in hosts.split(",")):
+                raise ConfigError(f"kafka URL {url!r} must look like kafka://host:port[,host:port]")
+            return cls("kafka", url)
+        raise ConfigError(
+            f"broker URL {url!r} must start with redis://, rediss:// or kafka:// "
+            "(for example redis://localhost:6379/0)"
+        )
+
+
+def results_url_for(broker: BrokerURL, results: str | None) -> str:
+    """The result store's URL: given explicitly, or the broker's when the broker is Redis."""
+    if results:
+        if urlsplit(results).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"results URL {results!r} must be a redis:// URL")
+        return results
+    if broker.kind == "redis":
+        return broker.url
+    raise ConfigError(
+        "a Kafka broker needs a result store: pass --results redis://host:port/db "
+        "or set BATCHFLEET_RESULTS"
+    )

@@ -1,0 +1,179 @@
+"""The webhook delivery job RQ runs, and the signature scheme it signs with.
+
+The job carries only *where* and *which* (namespace, request ID, generation,
+callback URL), never the result. At delivery it reads the result the store
+holds for that request, so a duplicate enqueue, or a worker whose write lost
+the first-result-wins race, can never send a second or a wrong result:
+
+* record ``pending`` (the worker enqueues just *before* it writes): raise, RQ
+  retries after the next backoff interval;
+* record from a newer generation (a DLQ replay happened): nothing to send, that
+  generation has its own job;
+* record gone (expired), or a URL the SSRF policy refuses: fail for good, no
+  retries left, so it lands in RQ's failed registry at once;
+* otherwise POST the signed JSON; any non-2xx or network error raises and RQ
+  retries with ``Retry(max=N, interval=[...])``.
+
+This module stays light on purpose (no torch, no workers, no producers): RQ
+imports it by dotted path in every webhook worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis
+
+from connectors.ssrf import CallbackPolicy
+from schemas.envelopes import Result, decode_result
+from schemas.errors import CallbackRefusedError, ConfigError, WebhookDeliveryError
+from schemas.json_form import result_to_json
+from schemas.names import Names
+
+#: Where RQ finds the job function.
+JOB_FUNC = "connectors.webhook_jobs.deliver_webhook"
+SIGNATURE_HEADER = "Batchfleet-Signature"
+DELIVERY_HEADER = "Batchfleet-Delivery"
+REQUEST_ID_HEADER = "Batchfleet-Request-Id"
+USER_AGENT = "batchfleet-webhooks/1"
+
+
+def _key(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else secret
+
+
+def signature_header(secret: str | bytes, body: bytes, timestamp: int) -> str:
+    """``t=TIMESTAMP,v1=HEX``: HMAC-SHA256 over ``b"{timestamp}." + body``.
+
+    The timestamp is signed too, so a captured delivery cannot be replayed later
+    with a fresh timestamp; receivers reject old ones (see producers.signatures).
+    """
+    mac = hmac.new(_key(secret), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryConfig:
+    """What a webhook worker needs that must not travel in the (pickled) job: the secret."""
+
+    secret: str
+    policy: CallbackPolicy = field(default_factory=CallbackPolicy)
+    timeout_s: float = 10.0
+    #: How long a delivery waits for a still-pending result before leaving it to a retry.
+    pending_grace_s: float = 2.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> DeliveryConfig:
+        secret = environ.get("BATCHFLEET_WEBHOOK_SECRET", "")
+        if not secret:
+            raise ConfigError("BATCHFLEET_WEBHOOK_SECRET is not set: webhooks are never sent "
+                              "unsigned")
+        policy = CallbackPolicy.parse(environ.get("BATCHFLEET_CALLBACK_SCHEMES"),
+                                      environ.get("BATCHFLEET_CALLBACK_HOSTS"),
+                                      environ.get("BATCHFLEET_CALLBACK_ALLOW_NETS"))
+        return cls(secret, policy, float(environ.get("BATCHFLEET_WEBHOOK_TIMEOUT_S", "10")))
+
+
+_configured: list[DeliveryConfig] = []
+
+
+def configure(config: DeliveryConfig) -> None:
+    """Set by ``batchfleet webhooks worker`` before it forks work horses (they inherit it)."""
+    _configured[:] = [config]
+
+
+def current_config() -> DeliveryConfig:
+    """The configured settings, or, under a plain ``rq worker``, the environment: the job
+    is then its own entry point, so this is the one place it reads ``BATCHFLEET_*``."""
+    return _configured[0] if _configured else DeliveryConfig.from_env(os.environ)
+
+
+class _GiveUp(WebhookDeliveryError):
+    """A delivery that no retry can fix."""
+
+    retryable = False
+
+
+def deliver_webhook(namespace: str, request_id: str, generation: int,
+                    callback_url: str) -> dict[str, Any]:
+    """The RQ job: POST one request generation's stored terminal result, signed."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("deliver_webhook runs inside an RQ job")
+    try:
+        return deliver(job.connection, current_config(), Names(namespace), request_id,
+                       generation, callback_url, job.id)
+    except (_GiveUp, CallbackRefusedError, ConfigError):
+        job.retries_left = 0  # RQ reads this when it handles the failure: no retry
+        raise
+
+
+def _stored_result(conn: redis.Redis, names: Names, request_id: str,
+                   grace_s: float) -> Result:
+    """The stored result, waiting up to ``grace_s`` while it is still pending.
+
+    The worker enqueues the job a moment *before* it writes the result, so a fast
+    webhook worker often finds it pending; a short wait here saves a whole backoff
+    interval of latency. Past the grace period RQ's retry takes over.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        body = conn.hget(names.result(request_id), "body")
+        if body is None:
+            raise _GiveUp(f"result of {request_id} is gone (expired?); nothing to deliver")
+        result = decode_result(bytes(body))  # type: ignore[arg-type]
+        if result.is_terminal or time.monotonic() >= deadline:
+            return result
+        time.sleep(0.05)
+
+
+def deliver(conn: redis.Redis, config: DeliveryConfig, names: Names, request_id: str,
+            generation: int, callback_url: str, delivery_id: str) -> dict[str, Any]:
+    """Read the stored result and POST it; raises WebhookDeliveryError to be retried."""
+    result = _stored_result(conn, names, request_id, config.pending_grace_s)
+    if result.generation > generation:
+        return {"skipped": f"superseded by generation {result.generation}"}
+    if not result.is_terminal:
+        raise WebhookDeliveryError(f"result of {request_id} is not written yet")
+    config.policy.check_resolved(callback_url)
+    payload = json.dumps(result_to_json(result), separators=(",", ":")).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        SIGNATURE_HEADER: signature_header(config.secret, payload, int(time.time())),
+        DELIVERY_HEADER: delivery_id,
+        REQUEST_ID_HEADER: request_id,
+    }
+    try:
+        response = httpx.post(callback_url, content=payload, headers=headers,
+                              timeout=config.timeout_s, follow_redirects=False)
+    except httpx.HTTPError as exc:
+        raise WebhookDeliveryError(f"POST {callback_url} failed: {exc!r}") from exc
+    if not 200 <= response.status_code < 300:
+        raise WebhookDeliveryError(f"POST {callback_url} answered {response.status_code}")
+    return {"status_code": response.status_code, "delivery_id": delivery_id}
+
+
+__all__ = [
+    "DELIVERY_HEADER",
+    "JOB_FUNC",
+    "REQUEST_ID_HEADER",
+    "SIGNATURE_HEADER",
+    "DeliveryConfig",
+    "configure",
+    "deliver",
+    "deliver_webhook",
+    "signature_header",
+]

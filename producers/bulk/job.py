@@ -1,0 +1,227 @@
+"""Running a bulk job: claim it, resume from its checkpoint, score, finish, report.
+
+This is the one place the pieces meet: the job's Redis state (lease,
+checkpoint, cancel flag), the streaming source, the in-order sink and the
+windowed scorer. A run is always a resume: a new job simply resumes from row
+0. The checkpoint only ever moves to a position the sink has fsynced, and the
+sink truncates back to it on the next run, so a crash at any instant loses no
+row and writes none twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+from connectors import BrokerURL, open_result_store, redis_client, results_url_for
+from connectors.result_store import ResultStore
+from producers.bulk.errors import LeaseLostError
+from producers.bulk.progress import NoProgress, ProgressReporter
+from producers.bulk.report import JobReport
+from producers.bulk.rows import Position
+from producers.bulk.sinks import Sink, open_sink
+from producers.bulk.sources import Source, open_source
+from producers.bulk.spec import JobSpec, Tuning, request_id_for
+from producers.bulk.state import LEASE_TTL_S, JobRecord, JobStore
+from producers.bulk.window import Scorer
+from producers.client import AsyncClient
+from schemas.errors import BatchfleetError
+from schemas.names import Names
+
+log = structlog.get_logger("batchfleet.bulk")
+T = TypeVar("T")
+
+#: The SDK's safety poll re-reads every outstanding result this often. Results are
+#: announced to the job anyway, and with a whole window outstanding a 1 s poll would
+#: cost as many reads as the results themselves; the poll only matters for rows a
+#: crashed run had published (their announcements went to the dead client).
+RESULT_POLL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where the fleet is: the same URLs every other command takes."""
+
+    broker: str
+    results: str | None = None
+    namespace: str = "bf"
+
+    @property
+    def results_url(self) -> str:
+        return results_url_for(BrokerURL.parse(self.broker), self.results)
+
+
+@dataclass(slots=True)
+class Context:
+    """What one run works with, opened and closed by :func:`run_job`."""
+
+    spec: JobSpec
+    record: JobRecord
+    source: Source
+    jobs: JobStore
+    client: AsyncClient
+    store: ResultStore
+    tuning: Tuning
+    progress: ProgressReporter
+
+
+async def run_job(
+    spec: JobSpec, endpoints: Endpoints, *, tuning: Tuning | None = None,
+    progress: ProgressReporter | None = None, retry_failed: bool = False,
+) -> JobReport:
+    """Run (or resume, or with ``retry_failed`` re-run the failed rows of) one job."""
+    tuning = (tuning or Tuning()).validated()
+    names = Names(endpoints.namespace)
+    source = open_source(spec)  # a bad input fails here, before the job is claimed
+    redis = redis_client(endpoints.results_url)
+    jobs = JobStore(redis, names, spec.job_id)
+    try:
+        record = await jobs.claim(spec, source.total)
+        try:
+            async with AsyncClient(endpoints.broker, endpoints.results,
+                                   namespace=endpoints.namespace,
+                                   poll_interval_s=RESULT_POLL_S) as client:
+                store = open_result_store(endpoints.results_url, names)
+                ctx = Context(spec, record, source, jobs, client, store, tuning,
+                              progress or NoProgress())
+                try:
+                    return await _holding_lease(jobs, _dispatch(ctx, retry_failed))
+                finally:
+                    await store.close()
+        finally:
+            await jobs.release()
+    finally:
+        await redis.aclose()
+
+
+async def _dispatch(ctx: Context, retry_failed: bool) -> JobReport:
+    from producers.bulk.retry import retry_failed_rows
+
+    if retry_failed or ctx.record.status == "retrying":  # an interrupted retry goes on
+        return await retry_failed_rows(ctx)
+    if ctx.record.status == "finished":
+        log.info("bulk job already finished", job_id=ctx.spec.job_id)
+        return report_for(ctx, ctx.record.position, "finished", ctx.record.position, 0.0)
+    return await _score_all(ctx)
+
+
+async def _holding_lease(jobs: JobStore, body: Coroutine[Any, Any, T]) -> T:
+    """Run ``body`` while refreshing the lease; losing the lease stops it at once."""
+    main = asyncio.ensure_future(body)
+    keeper = asyncio.create_task(_keep_lease(jobs))
+    try:
+        await asyncio.wait({main, keeper}, return_when=asyncio.FIRST_COMPLETED)
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+            keeper.result()  # raises why the lease was lost
+        return main.result()
+    finally:
+        for task in (main, keeper):
+            task.cancel()
+        await asyncio.gather(main, keeper, return_exceptions=True)
+
+
+async def _keep_lease(jobs: JobStore) -> None:
+    while True:
+        await asyncio.sleep(LEASE_TTL_S / 3)
+        await jobs.write()
+
+
+def report_for(ctx: Context, pos: Position, status: str, start: Position, elapsed_s: float,
+               retry_round: int = 0) -> JobReport:
+    s = ctx.spec
+    return JobReport(s.job_id, s.model, status, str(s.input), str(s.output), str(s.errors),
+                     pos.rows, pos.succeeded, pos.failed, pos.rows - start.rows, start.rows,
+                     elapsed_s, retry_round)
+
+
+class Checkpointer:
+    """Fsync what the sink has written, then record that position in Redis."""
+
+    def __init__(self, sink: Sink, jobs: JobStore, start: Position) -> None:
+        self.sink, self.jobs, self.saved = sink, jobs, start
+
+    async def __call__(self, force: bool = False) -> bool:
+        """Returns whether a cancel was requested."""
+        pos = await asyncio.to_thread(self.sink.durable, force)
+        if pos is None:
+            return await self.jobs.write()
+        cancel = await self.jobs.checkpoint(pos)
+        self.saved = pos
+        return cancel
+
+
+async def _score_all(ctx: Context) -> JobReport:
+    spec, jobs, start = ctx.spec, ctx.jobs, ctx.record.position
+    await jobs.write(status="running", cancel=0, error="", started_at=time.time())
+    sink = open_sink(spec, start, ctx.source, ctx.tuning)
+    checkpoint = Checkpointer(sink, jobs, start)
+    published = max(ctx.record.published, start.rows)
+    began = time.monotonic()
+    ctx.progress.start(spec.job_id, ctx.source.total, start.rows, start.failed)
+
+    async def on_published(hwm: int) -> None:
+        nonlocal published
+        if hwm > published:
+            published = hwm
+            await jobs.write(published=hwm)
+
+    async def tick() -> bool:
+        now = sink.current()
+        ctx.progress.update(now.rows, now.failed)
+        return not await checkpoint()
+
+    scorer = Scorer(ctx.client, ctx.store, spec.model,
+                    lambda row: request_id_for(spec.job_id, row), ctx.tuning,
+                    adopt_below=published, on_published=on_published)
+    scoring = True
+    try:
+        completed = await scorer.run(ctx.source.rows(start), sink.write, tick)
+        scoring = False
+        if completed:
+            final = await asyncio.to_thread(sink.finish)
+            await jobs.checkpoint(final, status="finished", finished_at=time.time(),
+                                  total=final.rows)
+        else:
+            await checkpoint(force=True)
+            sink.close()
+            final = checkpoint.saved
+            await jobs.write(status="cancelled", finished_at=time.time())
+        ctx.progress.update(final.rows, final.failed)
+    except BaseException as exc:
+        await _save_on_the_way_out(checkpoint, exc, scoring)
+        raise
+    finally:
+        ctx.progress.stop()
+    status = "finished" if completed else "cancelled"
+    log.info(f"bulk job {status}", job_id=spec.job_id, rows=final.rows, failed=final.failed)
+    return report_for(ctx, final, status, start, time.monotonic() - began)
+
+
+async def _save_on_the_way_out(checkpoint: Checkpointer, exc: BaseException,
+                               scoring: bool) -> None:
+    """Keep the progress a failing run made, and say why it stopped.
+
+    The caller re-raises the original exception whatever happens here; failing
+    to save only means the next run starts from the previous checkpoint.
+    """
+    if isinstance(exc, LeaseLostError):
+        checkpoint.sink.close()  # another process owns the job now: touch nothing
+        return
+    try:
+        if scoring:
+            await checkpoint(force=True)
+        checkpoint.sink.close()
+        if isinstance(exc, BatchfleetError | OSError):
+            await checkpoint.jobs.write(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
+    except (BatchfleetError, OSError, ValueError, asyncio.CancelledError) as save_error:
+        log.warning("could not save progress while stopping", job_id=checkpoint.jobs.job_id,
+                    error=str(save_error), cause=str(exc))

@@ -1,0 +1,183 @@
+"""Writing results in input order, with the errors file beside them, durably.
+
+Every sink writes rows strictly in input order, so "the first N rows are on
+disk" is a complete description of progress: that is the checkpoint, and a
+resume truncates the files back to it and carries on. ``durable()`` flushes
+and fsyncs before it reports a new position, so a checkpoint in Redis never
+points past what is on disk. The errors file is JSONL for every format
+(failures are few and should be readable with ``grep``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import numpy as np
+
+from producers.bulk.errors import BulkError
+from producers.bulk.rows import Position, Row
+from producers.bulk.sources import Source
+from producers.bulk.spec import JobSpec, Tuning
+from schemas.envelopes import ErrorInfo, Result
+from schemas.tensors import Tensors
+
+
+class Sink(Protocol):
+    def write(self, row: Row, result: Result) -> None: ...
+
+    def durable(self, force: bool = False) -> Position | None:
+        """Make what was written durable (``force``: all of it, now); the new position,
+        or None when nothing new became durable."""
+        ...
+
+    def current(self) -> Position:
+        """Rows written so far, durable or not (for progress)."""
+        ...
+
+    def finish(self) -> Position: ...
+
+    def close(self) -> None: ...
+
+
+def open_truncated(path: Path, offset: int) -> IO[bytes]:
+    """Open for appending at ``offset``, dropping anything written after the checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = path.stat().st_size if path.exists() else 0
+    if size < offset:
+        raise BulkError(f"{path} has {size} bytes but the checkpoint says {offset}: it was "
+                        "changed or replaced since; start a new job ID")
+    f = path.open("ab")
+    f.truncate(offset)
+    f.seek(offset)  # truncate does not move the position, and tell() must be right
+    return f
+
+
+def sync(f: IO[bytes]) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def outputs_to_json(value: Tensors | None) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {k: np.asarray(v).tolist() for k, v in value.items()}
+    return np.asarray(value).tolist()
+
+
+def dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def output_record(row: Row, status: str, outputs: Tensors | None) -> dict[str, Any]:
+    return {"custom_id": row.custom_id, "row": row.index, "status": status,
+            "outputs": outputs_to_json(outputs)}
+
+
+def error_record(row: Row, status: str, error: ErrorInfo, attempts: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"custom_id": row.custom_id, "row": row.index}
+    if row.line is not None:
+        record["line"] = row.line
+    record.update(status=status, error=error.to_wire(), attempts=attempts)
+    return record
+
+
+def result_error(result: Result) -> ErrorInfo | None:
+    if result.status == "succeeded":
+        return None
+    return result.error or ErrorInfo(result.status, f"the request ended {result.status}")
+
+
+class SinkBase:
+    """Counting, the errors file and the position; subclasses store the outputs."""
+
+    def __init__(self, spec: JobSpec, start: Position, errors: Path | None = None) -> None:
+        self._pos = start
+        self._errors = open_truncated(errors or spec.errors, start.err_offset)
+        self._succeeded, self._failed = start.succeeded, start.failed
+        self._next = start
+
+    def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
+        """Store one row; return an error if its outputs cannot be stored in this format."""
+        raise NotImplementedError
+
+    def _out_offset(self) -> int:
+        return 0
+
+    def _parts(self) -> int:
+        return 0
+
+    def write(self, row: Row, result: Result) -> None:
+        error = self._store(row, result, result_error(result))
+        if error is None:
+            self._succeeded += 1
+        else:
+            self._failed += 1
+            status = "failed" if result.status == "succeeded" else result.status
+            self._errors.write(dumps(error_record(row, status, error, result.attempts)))
+        self._next = Position(row.index + 1, row.end_offset, row.end_line, 0, 0, 0,
+                              self._succeeded, self._failed)
+
+    def current(self) -> Position:
+        """Where the job is once what is written so far is synced."""
+        n = self._next
+        return Position(n.rows, n.in_offset, n.in_line, self._out_offset(),
+                        self._errors.tell(), self._parts(), n.succeeded, n.failed)
+
+    def _sync_outputs(self) -> None:
+        """Make the outputs written so far durable (format-specific)."""
+
+    def durable(self, force: bool = False) -> Position | None:
+        """Sync outputs and errors; the new checkpoint, or None if nothing moved."""
+        self._sync_outputs()
+        sync(self._errors)
+        pos = self.current()
+        if pos == self._pos:
+            return None
+        self._pos = pos
+        return pos
+
+    def finish(self) -> Position:
+        self.durable()
+        self.close()
+        return self._pos
+
+    def close(self) -> None:
+        self._errors.close()
+
+
+class JsonlSink(SinkBase):
+    """One ``{"custom_id", "row", "status", "outputs"}`` object per input row, in order."""
+
+    def __init__(self, spec: JobSpec, start: Position) -> None:
+        super().__init__(spec, start)
+        self._out = open_truncated(spec.output, start.out_offset)
+
+    def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
+        self._out.write(dumps(output_record(row, result.status, result.outputs)))
+        return error
+
+    def _out_offset(self) -> int:
+        return self._out.tell()
+
+    def _sync_outputs(self) -> None:
+        sync(self._out)
+
+    def close(self) -> None:
+        self._out.close()
+        super().close()
+
+
+def open_sink(spec: JobSpec, start: Position, source: Source, tuning: Tuning) -> Sink:
+    if spec.format == "jsonl":
+        return JsonlSink(spec, start)
+    if spec.format == "npy":
+        from producers.bulk.sink_npy import NpySink
+
+        return NpySink(spec, start, source.total or 0)
+    from producers.bulk.sink_parquet import ParquetSink
+
+    return ParquetSink(spec, start, getattr(source, "id_type", None), tuning)

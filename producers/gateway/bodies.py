@@ -1,0 +1,142 @@
+"""Reading submit bodies: JSON or msgpack, size-limited, into SDK arguments.
+
+The body is read by hand rather than through a pydantic model because it may be
+msgpack (with tensors as raw little-endian bytes, as on the wire) and because
+the size limit must hold before anything is parsed. Every problem becomes a
+typed error that the app turns into one JSON error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from producers.client import PRIORITIES
+from schemas.errors import (
+    DecodeError,
+    LimitExceededError,
+    UnsupportedMediaTypeError,
+    ValidationError,
+)
+from schemas.tensors import DTYPES, Tensors, decode_tensor, is_tensor_map
+
+JSON_TYPES = ("application/json",)
+MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+_FIELDS = {"inputs", "dtype", "priority", "deadline_s", "callback_url"}
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What one submit (or one batch submit, with several inputs) asks for."""
+
+    inputs: list[Tensors]
+    priority: str
+    deadline_s: float | None
+    callback_url: str | None
+
+
+async def read_limited(content_length: str | None, chunks: AsyncIterator[bytes],
+                       limit: int) -> bytes:
+    """The whole body, refusing (413) as soon as it is known to be over ``limit``."""
+    if content_length and content_length.isdigit() and int(content_length) > limit:
+        raise LimitExceededError(f"request body is {content_length} bytes; the limit is {limit}")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise LimitExceededError(f"request body is over the {limit}-byte limit")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def decode_body(raw: bytes, content_type: str | None) -> Any:
+    media = (content_type or "application/json").split(";", 1)[0].strip().lower()
+    if media in JSON_TYPES:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise DecodeError(f"body is not valid JSON: {exc}") from exc
+    if media in MSGPACK_TYPES:
+        try:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_ext_len=0)
+        except Exception as exc:  # msgpack raises many unrelated types for garbage
+            raise DecodeError(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from exc
+    raise UnsupportedMediaTypeError(
+        f"content type {media!r} is not supported; send application/json or application/msgpack")
+
+
+def parse_submission(doc: Any, *, batch: bool, max_items: int) -> Submission:
+    if not isinstance(doc, Mapping):
+        raise ValidationError("body must be an object with an 'inputs' field")
+    unknown = set(doc) - _FIELDS
+    if unknown:
+        raise ValidationError(f"unknown field(s): {', '.join(sorted(map(str, unknown)))}")
+    if "inputs" not in doc:
+        raise ValidationError("'inputs' is required")
+    dtype = doc.get("dtype")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValidationError(f"dtype must be one of {sorted(DTYPES)}")
+    if batch:
+        items = doc["inputs"]
+        if not isinstance(items, list) or not items:
+            raise ValidationError("'inputs' of a batch must be a non-empty array, one per request")
+        if len(items) > max_items:
+            raise ValidationError(f"a batch holds at most {max_items} requests, got {len(items)}")
+        inputs = [to_tensors(item, dtype, f"inputs[{i}]") for i, item in enumerate(items)]
+    else:
+        inputs = [to_tensors(doc["inputs"], dtype, "inputs")]
+    priority = doc.get("priority", "interactive")
+    if priority not in PRIORITIES:
+        raise ValidationError(f"priority must be one of {', '.join(PRIORITIES)}")
+    deadline = doc.get("deadline_s")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)
+                                 or not math.isfinite(deadline) or deadline <= 0):
+        raise ValidationError("deadline_s must be a positive number of seconds, or null")
+    callback = doc.get("callback_url")
+    if callback is not None and not isinstance(callback, str):
+        raise ValidationError("callback_url must be a string or null")
+    return Submission(inputs, str(priority), None if deadline is None else float(deadline),
+                      callback)
+
+
+def to_tensors(value: Any, dtype: str | None, where: str) -> Tensors:
+    """A nested list (or a wire tensor map, or named ones) into arrays the SDK can send."""
+    if is_tensor_map(value):
+        return decode_tensor(value, where)
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValidationError(f"{where}: named inputs must not be empty")
+        return {str(k): _array(v, dtype, f"{where}.{k}") for k, v in value.items()}
+    return _array(value, dtype, where)
+
+
+def _array(value: Any, dtype: str | None, where: str) -> np.ndarray[Any, Any]:
+    if is_tensor_map(value):
+        return decode_tensor(value, where)
+    if isinstance(value, str | bytes | Mapping) or value is None:
+        raise ValidationError(f"{where}: expected a number or a (nested) array of numbers")
+    try:
+        array = np.asarray(value, dtype=None if dtype is None else DTYPES[dtype])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"{where}: not a tensor: {exc}") from exc
+    kind = array.dtype.kind
+    if dtype is None:
+        if kind == "f":
+            with np.errstate(over="ignore"):
+                array = array.astype(np.float32)  # JSON floats: float32, like the SDK
+        elif kind in "iu":
+            array = array.astype(np.int64)
+        elif kind != "b":
+            raise ValidationError(f"{where}: expected numbers, got {array.dtype} values")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ValidationError(f"{where}: numbers must be finite (and fit in {array.dtype})")
+    if array.ndim > 8:
+        raise ValidationError(f"{where}: at most 8 dimensions")
+    return array

@@ -1,0 +1,341 @@
+"""Request and result envelopes: msgpack maps with a schema version.
+
+The wire format is documented byte by byte in ``docs/wire-format.md``. Decoding
+checks size limits *before* unpacking, then every field's type, so a malformed
+message becomes a typed error that names what was wrong, never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import msgpack
+
+from schemas.errors import DecodeError, LimitExceededError, SchemaError, ValidationError
+from schemas.names import LANE_INTERACTIVE, check_lane, check_model_name, check_request_id
+from schemas.tensors import Tensors, decode_tensors, encode_tensors
+
+SCHEMA_VERSION: Final = 1
+
+Status = Literal["pending", "succeeded", "failed", "expired"]
+STATUSES: Final = ("pending", "succeeded", "failed", "expired")
+TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "expired"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what a decoder accepts. A message over them is refused before it is unpacked."""
+
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_container_len: int = 1_000_000
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What went wrong, in a form a caller in any language can act on."""
+
+    type: str
+    message: str
+    retryable: bool = False
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        wire_type = getattr(exc, "wire_type", "internal_error")
+        retryable = bool(getattr(exc, "retryable", False))
+        message = str(exc) or type(exc).__name__
+        if not hasattr(exc, "wire_type"):
+            message = f"{type(exc).__name__}: {message}"
+        return cls(type=wire_type, message=message[:2000], retryable=retryable)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "retryable": self.retryable}
+
+
+@dataclass(slots=True)
+class Request:
+    """One inference request as it travels through the broker."""
+
+    request_id: str
+    model: str
+    inputs: Tensors
+    lane: str = LANE_INTERACTIVE
+    enqueued_at: float = 0.0
+    deadline_at: float | None = None
+    callback_url: str | None = None
+    notify: str | None = None
+    attempt: int = 1
+    generation: int = 0
+    #: One entry per failed attempt so far: {"attempt", "type", "message", "at"}.
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Result:
+    """The answer to one request; ``status`` is ``pending`` until a worker writes a terminal one."""
+
+    request_id: str
+    status: Status
+    outputs: Tensors | None = None
+    error: ErrorInfo | None = None
+    model: str = ""
+    model_version: str = ""
+    attempts: int = 0
+    enqueued_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    queue_ms: float | None = None
+    compute_ms: float | None = None
+    batch_size: int | None = None
+    generation: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+
+# --- encoding ------------------------------------------------------------------------
+
+
+def encode_request(req: Request) -> bytes:
+    """Pack a request, validating the fields that become names (model, ID, lane)."""
+    check_request_id(req.request_id)
+    check_model_name(req.model)
+    check_lane(req.lane)
+    body: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "id": req.request_id,
+        "model": req.model,
+        "lane": req.lane,
+        "enqueued_at": req.enqueued_at,
+        "deadline_at": req.deadline_at,
+        "callback_url": req.callback_url,
+        "notify": req.notify,
+        "attempt": req.attempt,
+        "generation": req.generation,
+        "errors": req.history,
+        # Last, so a damaged or oversized message still has a readable header.
+        "inputs": encode_tensors(req.inputs),
+    }
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def encode_result(res: Result) -> bytes:
+    body: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "id": res.request_id,
+        "status": res.status,
+        "outputs": None if res.outputs is None else encode_tensors(res.outputs),
+        "error": None if res.error is None else res.error.to_wire(),
+        "model": res.model,
+        "model_version": res.model_version,
+        "attempts": res.attempts,
+        "enqueued_at": res.enqueued_at,
+        "started_at": res.started_at,
+        "finished_at": res.finished_at,
+        "queue_ms": res.queue_ms,
+        "compute_ms": res.compute_ms,
+        "batch_size": res.batch_size,
+        "generation": res.generation,
+    }
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+# --- decoding ------------------------------------------------------------------------
+
+
+def peek_header(raw: bytes, max_keys: int = 16) -> dict[str, Any]:
+    """Read the small leading fields (id, model, notify) of a map without unpacking the rest.
+
+    Used on messages that fail to decode (too big, truncated) so they can still
+    get a ``failed`` result instead of vanishing into the dead-letter stream.
+    """
+    found: dict[str, Any] = {}
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(raw), 1))
+    unpacker.feed(raw)
+    try:
+        for _ in range(min(unpacker.read_map_header(), max_keys)):
+            key = unpacker.unpack()
+            if key in ("v", "id", "model", "notify", "enqueued_at", "generation", "callback_url"):
+                found[key] = unpacker.unpack()
+            else:
+                unpacker.skip()
+    except Exception:  # whatever was read before the damage is all there is
+        return found
+    return found
+
+
+def _decode_error(message: str, raw: bytes, cls: type[DecodeError] = DecodeError) -> DecodeError:
+    peeked = peek_header(raw)
+    return cls(message, raw=raw, request_id=_peek_id(peeked), peeked=peeked)
+
+
+def _unpack(raw: bytes, limits: Limits) -> dict[str, Any]:
+    if len(raw) > limits.max_message_bytes:
+        raise _decode_error(
+            f"message is {len(raw)} bytes; the limit is {limits.max_message_bytes}", raw,
+            LimitExceededError)
+    n = limits.max_container_len
+    try:
+        obj = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True,
+            max_bin_len=limits.max_message_bytes, max_str_len=limits.max_message_bytes,
+            max_array_len=n, max_map_len=n, max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many unrelated types for garbage input
+        raise _decode_error(f"not a msgpack envelope: {type(exc).__name__}: {exc}", raw) from exc
+    if not isinstance(obj, dict):
+        raise DecodeError(f"envelope must be a msgpack map, got {type(obj).__name__}", raw=raw)
+    version = obj.get("v")
+    if version != SCHEMA_VERSION:
+        raise DecodeError(
+            f"schema version {version!r} is not supported (expected {SCHEMA_VERSION})",
+            raw=raw, request_id=_peek_id(obj), peeked=obj,
+        )
+    return obj
+
+
+def _peek_id(obj: Mapping[str, Any]) -> str | None:
+    rid = obj.get("id")
+    try:
+        return check_request_id(rid) if isinstance(rid, str) else None
+    except ValidationError:
+        return None
+
+
+def _opt_float(obj: Mapping[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(f"{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValidationError(f"{key} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _int(obj: Mapping[str, Any], key: str, default: int) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """The parts of a request a worker needs to answer it even when its inputs are invalid."""
+
+    request_id: str
+    model: str
+    raw: dict[str, Any]
+
+
+def decode_request_header(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestHeader:
+    """Unpack and read ID and model. Raises :class:`DecodeError` when even those are missing."""
+    obj = _unpack(raw, limits)
+    rid, model = _peek_id(obj), obj.get("model")
+    if rid is None:
+        raise DecodeError(f"request has no valid 'id' (got {obj.get('id')!r})", raw=raw)
+    if not isinstance(model, str):
+        raise DecodeError(f"request {rid} has no 'model' string", raw=raw, request_id=rid,
+                          peeked=obj)
+    return RequestHeader(rid, model, obj)
+
+
+def request_from_header(header: RequestHeader) -> Request:
+    """Validate the rest of a request. Raises :class:`ValidationError` naming the bad field."""
+    obj = header.raw
+    lane = obj.get("lane", LANE_INTERACTIVE)
+    if not isinstance(lane, str):
+        raise ValidationError(f"lane must be a string, got {lane!r}")
+    return Request(
+        request_id=header.request_id,
+        model=check_model_name(header.model),
+        inputs=decode_tensors(obj.get("inputs")),
+        lane=check_lane(lane),
+        enqueued_at=_opt_float(obj, "enqueued_at") or 0.0,
+        deadline_at=_opt_float(obj, "deadline_at"),
+        callback_url=_opt_str(obj, "callback_url"),
+        notify=_notify(obj.get("notify")),
+        attempt=max(1, _int(obj, "attempt", 1)),
+        generation=_int(obj, "generation", 0),
+        history=_history(obj.get("errors")),
+    )
+
+
+def _notify(value: Any) -> str | None:
+    """The client ID becomes part of a channel name, so it follows the request-ID rules."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"notify must be a string, got {type(value).__name__}")
+    try:
+        return check_request_id(value)
+    except ValidationError:
+        raise ValidationError(f"notify {value!r} must be 1-128 characters of letters, "
+                              "digits or ._:@-") from None
+
+
+def _history(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise ValidationError("errors must be a list of maps")
+    return value
+
+
+def decode_request(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
+    """Decode and validate a whole request in one call (producers and tests use this)."""
+    return request_from_header(decode_request_header(raw, limits))
+
+
+def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
+    obj = _unpack(raw, limits)
+    rid = _peek_id(obj)
+    status = obj.get("status")
+    if rid is None or status not in STATUSES:
+        raise DecodeError(f"result needs a valid 'id' and 'status', got {status!r}", raw=raw)
+    err = obj.get("error")
+    error = None
+    if isinstance(err, Mapping):
+        error = ErrorInfo(
+            type=str(err.get("type", "internal_error")),
+            message=str(err.get("message", "")),
+            retryable=bool(err.get("retryable", False)),
+        )
+    outputs = obj.get("outputs")
+    try:
+        decoded = None if outputs is None else decode_tensors(outputs, "outputs")
+    except SchemaError as exc:
+        raise DecodeError(f"result {rid}: {exc}", raw=raw, request_id=rid) from exc
+    return Result(
+        request_id=rid,
+        status=status,
+        outputs=decoded,
+        error=error,
+        model=str(obj.get("model", "")),
+        model_version=str(obj.get("model_version", "")),
+        attempts=int(obj.get("attempts") or 0),
+        enqueued_at=float(obj.get("enqueued_at") or 0.0),
+        started_at=_opt_float(obj, "started_at"),
+        finished_at=_opt_float(obj, "finished_at"),
+        queue_ms=_opt_float(obj, "queue_ms"),
+        compute_ms=_opt_float(obj, "compute_ms"),
+        batch_size=obj.get("batch_size"),
+        generation=int(obj.get("generation") or 0),
+    )

@@ -1,0 +1,171 @@
+"""One error hierarchy for the whole project, rooted at :class:`BatchfleetError`.
+
+It lives in ``schemas`` because every other package may import ``schemas`` and
+nothing else, so this is the one place all of them can share. Each error knows
+its wire ``type`` (what a caller sees in ``Result.error.type``) and whether it
+is worth retrying, so the failure policy never has to guess from a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class BatchfleetError(Exception):
+    """Root of every error batchfleet raises on purpose."""
+
+    wire_type = "internal_error"
+    retryable = False
+
+
+# --- wire contract -------------------------------------------------------------------
+
+
+class SchemaError(BatchfleetError):
+    """The message does not follow the wire contract."""
+
+    wire_type = "schema_error"
+
+
+class DecodeError(SchemaError):
+    """Bytes that are not a readable envelope. Keeps the raw bytes for the dead-letter stream."""
+
+    wire_type = "decode_error"
+
+    def __init__(
+        self,
+        message: str,
+        raw: bytes = b"",
+        request_id: str | None = None,
+        peeked: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.request_id = request_id
+        #: Header fields read before the damage (id, model, notify), for answering anyway.
+        self.peeked: Mapping[str, Any] = peeked or {}
+
+
+class LimitExceededError(DecodeError):
+    """A message over the size, depth or element limits; refused before it is unpacked."""
+
+    wire_type = "limit_exceeded"
+
+
+class ValidationError(SchemaError):
+    """A readable envelope whose contents are wrong: dtype, shape, missing field, bad ID."""
+
+    wire_type = "validation_error"
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+class ConfigError(BatchfleetError):
+    """A setting, URL or model spec that cannot work; raised at start-up, never mid-run."""
+
+    wire_type = "config_error"
+
+
+# --- models --------------------------------------------------------------------------
+
+
+class ModelError(BatchfleetError):
+    """The model raised while computing a batch."""
+
+    wire_type = "model_error"
+    retryable = True
+
+
+class UnknownModelError(ModelError):
+    """A request names a model this worker does not serve."""
+
+    wire_type = "unknown_model"
+    retryable = False
+
+
+class OutputMismatchError(ModelError):
+    """The model returned a different number of outputs than it was given inputs."""
+
+    wire_type = "output_mismatch"
+
+
+class ComputeTimeoutError(ModelError):
+    """A batch took longer than the compute timeout."""
+
+    wire_type = "timeout"
+
+
+class OutOfMemoryError(ModelError):
+    """The device ran out of memory; the batch is split and retried smaller."""
+
+    wire_type = "oom"
+
+
+# --- brokers and the result store ----------------------------------------------------
+
+
+class TransportError(BatchfleetError):
+    """The broker (Redis Streams or Kafka) failed or is unreachable."""
+
+    wire_type = "transport_error"
+    retryable = True
+
+
+class ResultStoreError(BatchfleetError):
+    """The result store failed or is unreachable."""
+
+    wire_type = "store_unavailable"
+    retryable = True
+
+
+# --- callers -------------------------------------------------------------------------
+
+
+class WaitTimeoutError(BatchfleetError, TimeoutError):
+    """``wait()`` gave up before the request reached a terminal status."""
+
+    wire_type = "wait_timeout"
+
+
+# --- webhooks and the HTTP gateway ---------------------------------------------------
+
+
+class CallbackRefusedError(ValidationError):
+    """A callback URL outside the allowlist, or one that points at a private address.
+
+    A ``ValidationError`` so that a bad URL is refused at submit, like any bad field."""
+
+    wire_type = "callback_refused"
+
+
+class WebhookDeliveryError(BatchfleetError):
+    """A webhook could not be delivered this time (receiver down, non-2xx, result not yet
+    written); the delivery job raises it so that RQ retries with backoff."""
+
+    wire_type = "webhook_delivery"
+    retryable = True
+
+
+class AuthError(BatchfleetError):
+    """A gateway request without a valid API key (401), or one for a model its key may
+    not use (403, ``forbidden`` true)."""
+
+    wire_type = "unauthorized"
+
+    def __init__(self, message: str, *, forbidden: bool = False) -> None:
+        super().__init__(message)
+        self.forbidden = forbidden
+
+
+class UnsupportedMediaTypeError(DecodeError):
+    """A gateway body in a content type other than JSON or msgpack (HTTP 415)."""
+
+    wire_type = "unsupported_media_type"
+
+
+class RequestNotFoundError(BatchfleetError):
+    """No result record for this request ID: never submitted, or expired (HTTP 404)."""
+
+    wire_type = "not_found"

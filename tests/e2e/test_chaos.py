@@ -1,0 +1,241 @@
+"""Killed workers, a crashing request and a Redis crash: every request still ends exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from batchfleet.dlq import DeadLetterOps
+from batchfleet.processes import WorkerProcess
+from connectors.embedded_redis import EmbeddedRedis
+from producers import AsyncClient
+from schemas.envelopes import Result
+from schemas.errors import WaitTimeoutError
+from tests.support.models import CRASH, POISON
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+MODEL = "poison=tests.support.models:poison_model"
+
+
+@pytest.fixture
+def durable_redis() -> Iterator[EmbeddedRedis]:
+    """Redis with AOF fsync on every write, so a SIGKILL of the server loses nothing."""
+    with EmbeddedRedis(appendonly=True) as server:
+        yield server
+
+
+def _worker(url: str, *extra: str) -> WorkerProcess:
+    return WorkerProcess(url, models=(MODEL,), extra_args=(
+        "--claim-idle-ms", "500", "--retry-base-s", "0.05", "--retry-cap-s", "0.2",
+        "--max-batch-size", "32", *extra))
+
+
+async def _wait_all(client: AsyncClient, ids: list[str], timeout: float,
+                    keep_alive: list[WorkerProcess] | None = None, *extra: str) -> list[Result]:
+    """Wait for every result; restart any worker that died meanwhile (a supervisor's job)."""
+    waiting = asyncio.create_task(client.wait_many(ids, timeout=timeout))
+    restarts = 0
+    while not waiting.done():
+        for i, proc in enumerate(keep_alive or []):
+            if not proc.alive:
+                restarts += 1
+                keep_alive[i] = _worker(proc.broker, *extra).start()  # type: ignore[index]
+        await asyncio.sleep(0.2)
+    return waiting.result()
+
+
+async def _diagnose(url: str, namespace: str, ids: list[str], results: list[Result | None]
+                    ) -> str:
+    """Where the requests without a result are stuck: their records, streams and retries."""
+    from connectors import redis_client
+    from schemas.envelopes import decode_request_header
+    from schemas.names import Names
+
+    names, redis = Names(namespace), redis_client(url)
+    try:
+        missing = [rid for rid, r in zip(ids, results, strict=True)
+                   if r is None or not r.is_terminal][:5]
+        lines = [f"{len(missing)}+ without a result"]
+        for rid in missing:
+            record = await redis.hgetall(names.result(rid))
+            lines.append(f"{rid}: {({k: v for k, v in record.items() if k != b'body'})}")
+        retries = [decode_request_header(m).request_id
+                   for m in await redis.zrange(names.retry_schedule, 0, -1)]
+        lines.append(f"in retry schedule: {[r for r in retries if r in missing]}")
+        for key in [k async for k in redis.scan_iter(match=f"{namespace}:stream:*")]:
+            lines.append(f"{key!r}: len={await redis.xlen(key)} "
+                         f"pending={await redis.xpending(key, names.consumer_group)}")
+        return "\n".join(lines)
+    finally:
+        await redis.aclose()
+
+
+async def _dlq_ids(url: str, namespace: str = "bf") -> list[str]:
+    ops = DeadLetterOps(url, None, namespace)
+    try:
+        return [dl.request_id for dl in await ops.letters()]
+    finally:
+        await ops.close()
+
+
+async def test_a_request_that_kills_its_worker_is_quarantined(redis_url: str) -> None:
+    rows = np.full((40, 10), 0.5, np.float32)
+    rows[17, 0] = CRASH
+    workers = [_worker(redis_url, "--quarantine-after", "2").start()]
+    try:
+        await asyncio.to_thread(workers[0].wait_ready)
+        async with AsyncClient(redis_url) as client:
+            ids = await client.submit_many("poison", rows)
+            results = await _wait_all(client, ids, 90, workers, "--quarantine-after", "2")
+    finally:
+        for w in workers:
+            w.kill()
+    crashed = results[17]
+    assert crashed.status == "failed" and crashed.error is not None
+    assert crashed.error.type == "crash_loop", crashed.error
+    assert all(r.status == "succeeded" for i, r in enumerate(results) if i != 17), [
+        (i, r.status, r.error) for i, r in enumerate(results) if r.status != "succeeded"]
+    assert await _dlq_ids(redis_url) == [ids[17]]
+
+
+async def test_redis_crash_with_aof_mid_run_loses_nothing(durable_redis: EmbeddedRedis) -> None:
+    url = durable_redis.url
+    rows = np.random.default_rng(6).random((5000, 10), dtype=np.float32)
+    with _worker(url) as worker:
+        await asyncio.to_thread(worker.wait_ready)
+        async with AsyncClient(url) as client:
+            ids = await client.submit_many("poison", rows)
+            await asyncio.sleep(0.3)
+            durable_redis.kill()  # SIGKILL: only what AOF already has survives
+            await asyncio.sleep(1.0)
+            durable_redis.start()
+            results = await client.wait_many(ids, timeout=120)
+        assert worker.alive, worker.log_tail()
+    assert all(r.status == "succeeded" for r in results)
+    assert "retrying after failure" in worker.log_path.read_text() or \
+        "fetch failed" in worker.log_path.read_text()
+
+
+async def _backlog(redis: Redis, key: str) -> int | None:
+    """Requests not yet acknowledged (acked entries are deleted); None while Redis is down."""
+    try:
+        return int(await redis.xlen(key))
+    except RedisError:
+        return None
+
+
+async def test_chaos_run_on_redis_every_request_ends_exactly_once(
+        durable_redis: EmbeddedRedis) -> None:
+    """Disruptions are tied to progress, not to the clock, so they land mid-run on any machine."""
+    from connectors import redis_client
+    from schemas.names import LANE_INTERACTIVE, Names
+
+    url = durable_redis.url
+    n, rng = 5000, random.Random(7)
+    rows = np.random.default_rng(7).random((n, 10), dtype=np.float32)
+    poison = sorted(rng.sample(range(n), n // 50))
+    rows[poison, 0] = POISON
+    extra = ("--quarantine-after", "10", "--max-attempts", "3")
+    workers = [_worker(url, *extra).start() for _ in range(2)]
+    stream = Names("bf").stream("poison", LANE_INTERACTIVE)
+    kill_at = [0.9, 0.7, 0.5, 0.3]  # fractions of the backlog still queued
+    kills_mid_run, redis_crashes = 0, 0
+    probe = redis_client(url)
+    try:
+        for w in workers:
+            await asyncio.to_thread(w.wait_ready)
+        async with AsyncClient(url) as client:
+            ids = await client.submit_many("poison", rows)
+            waiting = asyncio.create_task(_wait_all(client, ids, 180, workers, *extra))
+            started = time.monotonic()
+            while kill_at and not waiting.done():
+                backlog = await _backlog(probe, stream)
+                alive = [w for w in workers if w.alive]
+                if backlog is None or backlog > kill_at[0] * n or not alive or backlog == 0:
+                    await asyncio.sleep(0.02)
+                    continue
+                kill_at.pop(0)
+                rng.choice(alive).kill()  # _wait_all restarts it, as a supervisor would
+                kills_mid_run += 1
+                if kills_mid_run == 2:  # the broker-side disruption: Redis itself crashes
+                    durable_redis.kill()
+                    await asyncio.sleep(0.5)
+                    durable_redis.start()
+                    redis_crashes += 1
+            try:
+                results = await waiting
+            except WaitTimeoutError:
+                raise AssertionError(await _diagnose(
+                    url, "bf", ids, await client._waiter.fetch(ids))) from None
+            took = time.monotonic() - started
+    finally:
+        await probe.aclose()
+        for w in workers:
+            w.kill()
+    statuses = [r.status for r in results]
+    failed = [i for i, s in enumerate(statuses) if s == "failed"]
+    assert kills_mid_run >= 2 and redis_crashes == 1, (kills_mid_run, redis_crashes)
+    assert statuses.count("succeeded") + len(failed) == n  # every request ended...
+    assert failed == poison  # ...and only the poison failed
+    assert sorted(set(await _dlq_ids(url))) == sorted(ids[i] for i in poison)
+    print(f"chaos (redis): {n} requests, {statuses.count('succeeded')} succeeded, "
+          f"{len(failed)} failed (all poison, all in the DLQ), {kills_mid_run} worker kills "
+          f"mid-run, {redis_crashes} Redis crash, {took:.1f}s")
+
+
+@pytest.mark.kafka
+async def test_chaos_run_on_kafka_every_request_ends_exactly_once(
+        durable_redis: EmbeddedRedis, kafka_server: object, kafka_broker: str) -> None:
+    from connectors.embedded_kafka import EmbeddedKafka
+    from tests.support.transports import KAFKA_SESSION_MS, make_fleet
+
+    fleet = make_fleet("kafka", durable_redis.url, kafka_broker)
+    n, rng = 5000, random.Random(11)
+    rows = np.random.default_rng(11).random((n, 10), dtype=np.float32)
+    poison = sorted(rng.sample(range(n), n // 50))
+    rows[poison, 0] = POISON
+    extra = ("--quarantine-after", "10", "--max-attempts", "3", "--retry-base-s", "0.05",
+             "--retry-cap-s", "0.2", "--kafka-session-timeout-ms", str(KAFKA_SESSION_MS))
+
+    def start() -> WorkerProcess:
+        return WorkerProcess(fleet.broker, fleet.results, models=(MODEL,),
+                             namespace=fleet.namespace, extra_args=extra).start()
+
+    workers = [start(), start()]
+    kills = 0
+    try:
+        for w in workers:
+            await asyncio.to_thread(w.wait_ready)
+        async with fleet.client() as client:
+            ids = await client.submit_many("poison", rows)
+            waiting = asyncio.create_task(client.wait_many(ids, timeout=240))
+            for step in range(3):
+                await asyncio.sleep(2.0)
+                victim = rng.randrange(len(workers))
+                workers[victim].kill()
+                kills += 1
+                workers[victim] = start()
+                if step == 0 and isinstance(kafka_server, EmbeddedKafka):
+                    kafka_server.freeze()  # the broker-side disruption: a 3 s broker stall
+                    await asyncio.sleep(3.0)
+                    kafka_server.thaw()
+            results = await waiting
+    finally:
+        for w in workers:
+            w.kill()
+    statuses = [r.status for r in results]
+    failed = [i for i, s in enumerate(statuses) if s == "failed"]
+    assert statuses.count("succeeded") + len(failed) == n
+    assert failed == poison
+    assert sorted(set(await _dlq_ids(durable_redis.url, fleet.namespace))) == sorted(
+        ids[i] for i in poison)
+    print(f"chaos (kafka): {n} requests, {statuses.count('succeeded')} succeeded, "
+          f"{len(failed)} failed (all poison, all in the DLQ), {kills} worker kills, "
+          f"1 broker stall")

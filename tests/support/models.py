@@ -1,0 +1,105 @@
+"""User models for tests, loaded by the worker through ``NAME=tests.support.models:factory``."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from workers.models import TensorSpec, TorchModuleHandler
+from workers.models.builtin import build_mlp
+
+#: A demo-mlp input whose first feature is this value makes the poison model raise.
+POISON = -999.0
+#: A demo-mlp input whose first feature is this value makes the crash model kill its process.
+CRASH = -777.0
+
+
+class PoisonSensitive(nn.Module):
+    """demo-mlp, except that any batch containing a poison row raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 0] == POISON).any()):
+            raise RuntimeError("poison input in batch")
+        if bool((x[:, 0] == CRASH).any()):
+            os._exit(17)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+class WrongCount(nn.Module):
+    """Returns one output too few: the worker must call that an error, not mis-assign rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:-1, :1]
+
+
+def poison_model() -> TorchModuleHandler:
+    return TorchModuleHandler("poison", PoisonSensitive(),
+                              input_spec=TensorSpec("float32", (10,)))
+
+
+def wrong_count_model() -> nn.Module:
+    return WrongCount()
+
+
+class Switchable(nn.Module):
+    """demo-mlp that raises on every batch while ``broken`` is set (a bad deploy, say)."""
+
+    def __init__(self, broken: bool = False, broken_until: float = 0.0) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+        self.broken = broken
+        self.broken_until = broken_until
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        self.calls += 1
+        if self.broken or time.monotonic() < self.broken_until:
+            raise RuntimeError("model backend unavailable")
+        if bool((x[:, 0] == POISON).any()):
+            raise RuntimeError("poison input in batch")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def switchable(module: Switchable, name: str = "switch") -> TorchModuleHandler:
+    return TorchModuleHandler(name, module, input_spec=TensorSpec("float32", (10,)))
+
+
+#: A demo-mlp input whose first feature is this value makes the slow model hang for 2 s.
+SLOW = -555.0
+
+
+class Sleepy(nn.Module):
+    """demo-mlp that stalls on a marker row, as a wedged kernel or driver would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        if bool((x[:, 0] == SLOW).any()):
+            time.sleep(2.0)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+class SlowMLP(nn.Module):
+    """demo-mlp at 20 ms a batch: the fleet, not the producer, is the bottleneck."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(0.02)
+        return self.inner(x)  # type: ignore[no-any-return]

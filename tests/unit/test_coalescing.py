@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from producers.coalescing import Coalescer
+
+pytestmark = pytest.mark.unit
+
+
+async def test_concurrent_submits_share_one_send_in_chunks() -> None:
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> None:
+        sent.append(items)
+
+    coalescer: Coalescer[int] = Coalescer(send, chunk=4)
+    await asyncio.gather(*(coalescer.submit(i) for i in range(10)))
+    assert sent == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    await coalescer.submit(42)  # alone: sent on the next turn, not held back
+    assert sent[-1] == [42]
+
+
+async def test_a_failed_send_fails_every_waiter_of_that_chunk() -> None:
+    async def send(items: list[int]) -> None:
+        raise ConnectionError("store down")
+
+    coalescer: Coalescer[int] = Coalescer(send, chunk=100)
+    results = await asyncio.gather(*(coalescer.submit(i) for i in range(3)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)

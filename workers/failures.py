@@ -1,0 +1,45 @@
+"""What happens to a request whose compute failed: the failure policy seam.
+
+The worker never decides this itself; it hands the failed jobs to a policy and
+gets back a :class:`Disposition`: terminal answers to write (then ack), and
+deliveries the policy has re-enqueued itself (ack them now). :class:`FailFast`
+answers ``failed`` at once; ``workers.retry.RetryingFailurePolicy`` retries
+with backoff and dead-letters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from connectors.broker import Delivery
+from schemas.envelopes import ErrorInfo
+from workers.intake import Answer, Job, answer_without_compute
+
+
+@dataclass(slots=True)
+class Disposition:
+    answers: list[Answer] = field(default_factory=list)
+    rescheduled: list[Delivery] = field(default_factory=list)
+    #: (model, lane) of each request sent to the DLQ.
+    dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+
+
+class FailurePolicy(Protocol):
+    async def on_failures(self, failed: Sequence[tuple[Job, ErrorInfo]]) -> Disposition:
+        """Answer or re-enqueue every failed job; raise a store error to be called again."""
+        ...
+
+
+class FailFast:
+    """Every failure is terminal on its first attempt."""
+
+    async def on_failures(self, failed: Sequence[tuple[Job, ErrorInfo]]) -> Disposition:
+        now = time.time()
+        return Disposition([
+            answer_without_compute(job.delivery, job.request, "failed", error, now,
+                                   job.model_version)
+            for job, error in failed
+        ])

@@ -1,0 +1,172 @@
+"""Turning a fetched batch of deliveries into jobs, or into answers that need no compute.
+
+Everything that can be decided before the model runs is decided here, for a
+whole batch at once: broken bytes, wrong dtype or shape, an unknown model and
+a passed deadline. Each becomes a terminal answer that explains it; only
+valid, live requests go on to the batcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from connectors.broker import Delivery
+from connectors.dead_letters import Undecodable
+from schemas.envelopes import (
+    DEFAULT_LIMITS,
+    ErrorInfo,
+    Limits,
+    Request,
+    Result,
+    decode_request_header,
+    request_from_header,
+)
+from schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
+from workers.models.handler import ModelHandler, check_inputs
+from workers.runner import BatchRun
+
+EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
+
+
+@dataclass(slots=True)
+class Job:
+    """A valid request waiting for compute, with the delivery it must ack."""
+
+    delivery: Delivery
+    request: Request
+    #: Set once computed, so even a failure's result names the model version that failed.
+    model_version: str = ""
+
+
+@dataclass(slots=True)
+class Answer:
+    """A terminal result for a delivery, ready to be written and acked."""
+
+    delivery: Delivery
+    result: Result
+    notify: str | None = None
+    generation: int = 0
+    #: Where the caller wants the terminal result delivered (a webhook), if anywhere.
+    callback_url: str | None = None
+
+
+@dataclass(slots=True)
+class Intake:
+    jobs: list[Job] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
+    undecodable: list[tuple[Delivery, Undecodable]] = field(default_factory=list)
+
+
+def answer_without_compute(
+    delivery: Delivery, request: Request, status: str, error: ErrorInfo, now: float,
+    model_version: str = "",
+) -> Answer:
+    result = Result(
+        request_id=request.request_id, status=status,  # type: ignore[arg-type]
+        error=error, model=request.model, model_version=model_version, attempts=request.attempt,
+        enqueued_at=request.enqueued_at, finished_at=now, generation=request.generation,
+        queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
+    )
+    return Answer(delivery, result, request.notify, request.generation, request.callback_url)
+
+
+def decode_deliveries(
+    deliveries: Sequence[Delivery],
+    handlers: Mapping[str, ModelHandler],
+    limits: Limits = DEFAULT_LIMITS,
+    now: float | None = None,
+) -> Intake:
+    now = time.time() if now is None else now
+    out = Intake()
+    for delivery in deliveries:
+        try:
+            header = decode_request_header(delivery.payload, limits)
+        except DecodeError as exc:
+            if exc.request_id is None:
+                where = f"{delivery.model}/{delivery.lane}"
+                out.undecodable.append((delivery, Undecodable(delivery.payload, str(exc), where)))
+                continue
+            out.answers.append(answer_without_compute(
+                delivery, _partial_request(exc.request_id, delivery.model, exc.peeked),
+                "failed", ErrorInfo.from_exception(exc), now))
+            continue
+        try:
+            request = request_from_header(header)
+            if request.model != delivery.model:
+                raise ValidationError(
+                    f"request names model {request.model!r} but was published to the "
+                    f"{delivery.model!r} lane"
+                )
+            handler = handlers.get(request.model)
+            if handler is None:
+                raise UnknownModelError(
+                    f"model {request.model!r} is not served here (serving: {', '.join(handlers)})"
+                )
+            check_inputs(handler.input_spec, request.inputs)
+        except (SchemaError, UnknownModelError) as exc:
+            out.answers.append(answer_without_compute(
+                delivery, _partial_request(header.request_id, header.model, header.raw),
+                "failed", ErrorInfo.from_exception(exc), now))
+            continue
+        if request.deadline_at is not None and request.deadline_at <= now:
+            out.answers.append(answer_without_compute(delivery, request, "expired", EXPIRED, now))
+            continue
+        out.jobs.append(Job(delivery, request))
+    return out
+
+
+def answers_from_run(
+    model: str, version: str, jobs: Sequence[Job], run: BatchRun
+) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
+    """Succeeded answers for the outputs, and (job, error) pairs for the failure policy."""
+    finished_at = run.started_at + run.compute_s
+    answers: list[Answer] = []
+    failed: list[tuple[Job, ErrorInfo]] = []
+    for job, output in zip(jobs, run.outputs, strict=True):
+        req = job.request
+        job.model_version = version
+        if isinstance(output, BaseException):
+            failed.append((job, ErrorInfo.from_exception(output)))
+            continue
+        result = Result(
+            request_id=req.request_id, status="succeeded", outputs=output, model=model,
+            model_version=version, attempts=req.attempt, enqueued_at=req.enqueued_at,
+            started_at=run.started_at, finished_at=finished_at,
+            queue_ms=max(0.0, (run.started_at - req.enqueued_at) * 1000.0),
+            compute_ms=run.compute_s * 1000.0, batch_size=len(jobs), generation=req.generation,
+        )
+        answers.append(Answer(job.delivery, result, req.notify, req.generation,
+                              req.callback_url))
+    return answers, failed
+
+
+def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answer]]:
+    """Drop jobs whose deadline passed while they waited in the batcher: they are never run."""
+    live: list[Job] = []
+    expired: list[Answer] = []
+    for job in jobs:
+        deadline = job.request.deadline_at
+        if deadline is not None and deadline <= now:
+            expired.append(answer_without_compute(job.delivery, job.request, "expired",
+                                                  EXPIRED, now))
+        else:
+            live.append(job)
+    return live, expired
+
+
+def _partial_request(request_id: str, model: object, fields: Mapping[str, object]) -> Request:
+    """What is known of a request that failed validation: enough to answer it."""
+    enqueued = fields.get("enqueued_at")
+    notify = fields.get("notify")
+    generation = fields.get("generation")
+    callback = fields.get("callback_url")
+    return Request(
+        request_id, model if isinstance(model, str) else "", {},
+        enqueued_at=float(enqueued) if isinstance(enqueued, int | float) else 0.0,
+        notify=notify if isinstance(notify, str) else None,
+        callback_url=callback if isinstance(callback, str) else None,
+        # without it, the answer to a replayed request would be fenced off as stale
+        generation=generation if isinstance(generation, int) and generation >= 0 else 0,
+    )

@@ -1,0 +1,144 @@
+"""Prometheus metrics of one worker, labelled by model and lane where that means something.
+
+A registry per worker (not the global one) keeps tests and several workers in
+one process apart. The worker calls the ``on_*`` hooks; :meth:`sample` fills the
+gauges that need a look at the outside world (backlog, DLQ size), every few
+seconds from the worker's sampler task. Every name is listed in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from connectors.broker import LaneBacklog
+from workers.breaker import CircuitBreaker
+from workers.completion import Completed
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                    60, 300)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: Weight of the newest throughput sample in the moving average behind time-to-drain.
+_EWMA_ALPHA = 0.3
+#: How many recent latencies per lane the p99 is computed over.
+_RECENT = 2048
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("batchfleet_requests", "Requests that reached a terminal status "
+                                "(first write only)", ["model", "lane", "status"], registry=r)
+        self.duplicates = Counter("batchfleet_duplicate_results", "Terminal writes refused "
+                                  "because the request already had a result", ["model"],
+                                  registry=r)
+        self.batch_size = Histogram("batchfleet_batch_size", "Requests per computed batch",
+                                    ["model", "lane"], buckets=_BATCH_BUCKETS, registry=r)
+        self.queue_wait = Histogram("batchfleet_queue_wait_seconds", "Submit to compute start",
+                                    ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.compute = Histogram("batchfleet_compute_seconds", "Compute time of one batch",
+                                 ["model", "lane"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.end_to_end = Histogram("batchfleet_end_to_end_seconds",
+                                    "Submit to result written", ["model", "lane"],
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("batchfleet_retries", "Requests scheduled for another attempt",
+                               ["model", "lane"], registry=r)
+        self.dead_lettered = Counter("batchfleet_dead_lettered", "Requests sent to the DLQ",
+                                     ["model", "lane"], registry=r)
+        self.backlog = Gauge("batchfleet_backlog", "Requests queued on a lane, not yet acked "
+                             "(Kafka: this worker's partitions' lag)", ["model", "lane"],
+                             registry=r)
+        self.oldest_age = Gauge("batchfleet_oldest_request_age_seconds",
+                                "Age of the oldest unfinished request on a lane (Redis)",
+                                ["model", "lane"], registry=r)
+        self.time_to_drain = Gauge("batchfleet_time_to_drain_seconds", "Backlog divided by "
+                                   "this worker's measured throughput", ["model", "lane"],
+                                   registry=r)
+        self.dlq_size = Gauge("batchfleet_dlq_size", "Entries in a model's dead-letter queue",
+                              ["model"], registry=r)
+        self.breaker_state = Gauge("batchfleet_breaker_state", "0 closed, 1 half-open, 2 open",
+                                   ["breaker"], registry=r)
+        self.breaker_trips = Gauge("batchfleet_breaker_trips", "Times a breaker has opened",
+                                   ["breaker"], registry=r)
+        self.in_flight = Gauge("batchfleet_in_flight", "Requests fetched and not yet acked",
+                               ["model"], registry=r)
+        self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
+                                ["model"], registry=r)
+        self.device_memory = Gauge("batchfleet_device_memory_bytes", "CUDA memory allocated "
+                                   "(only on CUDA)", ["device"], registry=r)
+        self.up = Gauge("batchfleet_worker_up", "1 while the worker is consuming", ["model"],
+                        registry=r)
+        self._done_since = 0
+        self._last_sample = time.monotonic()
+        self._rate = 0.0
+        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat.
+        self._recent: dict[tuple[str, str], deque[float]] = {}
+        #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
+        self.lanes: dict[str, dict[str, float | None]] = {}
+        self.throughput_rps = 0.0
+
+    def on_batch(self, model: str, lane: str, size: int, compute_s: float) -> None:
+        self.batch_size.labels(model, lane).observe(size)
+        self.compute.labels(model, lane).observe(compute_s)
+
+    def on_completed(self, done: Completed, now: float) -> None:
+        self.retries_and_dlq(done)
+        for answer, first in zip(done.answers, done.won, strict=True):
+            res, lane = answer.result, answer.delivery.lane
+            if not first:
+                self.duplicates.labels(res.model).inc()
+                continue
+            self._done_since += 1
+            self.requests.labels(res.model, lane, res.status).inc()
+            if res.enqueued_at:
+                latency = max(0.0, now - res.enqueued_at)
+                self.end_to_end.labels(res.model, lane).observe(latency)
+                recent = self._recent.get((res.model, lane))
+                if recent is None:
+                    recent = self._recent[(res.model, lane)] = deque(maxlen=_RECENT)
+                recent.append(latency)
+            if res.queue_ms is not None and res.status == "succeeded":
+                self.queue_wait.labels(res.model, lane).observe(res.queue_ms / 1000.0)
+
+    def retries_and_dlq(self, done: Completed) -> None:
+        for delivery in done.rescheduled:
+            self.retries.labels(delivery.model, delivery.lane).inc()
+        for model, lane in done.dead_lettered:
+            self.dead_lettered.labels(model, lane).inc()
+
+    def sample(self, backlog: Sequence[LaneBacklog], dlq_sizes: dict[str, int],
+               breakers: Iterable[CircuitBreaker], in_flight: dict[str, int]) -> None:
+        now = time.monotonic()
+        elapsed = max(1e-6, now - self._last_sample)
+        rate = self._done_since / elapsed
+        self._rate = rate if self._rate == 0 else (
+            _EWMA_ALPHA * rate + (1 - _EWMA_ALPHA) * self._rate)
+        self._done_since, self._last_sample = 0, now
+        for lane in backlog:
+            self.backlog.labels(lane.model, lane.lane).set(lane.depth)
+            if lane.oldest_age_s is not None:
+                self.oldest_age.labels(lane.model, lane.lane).set(lane.oldest_age_s)
+            drain = lane.depth / self._rate if self._rate > 0 else (
+                0.0 if not lane.depth else float("inf"))
+            self.time_to_drain.labels(lane.model, lane.lane).set(drain)
+            recent = self._recent.get((lane.model, lane.lane))
+            self.lanes[f"{lane.model}/{lane.lane}"] = {
+                "backlog": lane.depth, "oldest_age_s": lane.oldest_age_s,
+                "time_to_drain_s": drain if drain != float("inf") else None,
+                "p99_ms": float(np.percentile(recent, 99)) * 1000.0 if recent else None,
+            }
+        self.throughput_rps = self._rate
+        for model, size in dlq_sizes.items():
+            self.dlq_size.labels(model).set(size)
+        for breaker in breakers:
+            self.breaker_state.labels(breaker.name).set(breaker.state.code)
+            self.breaker_trips.labels(breaker.name).set(breaker.trips)
+        for model, count in in_flight.items():
+            self.in_flight.labels(model).set(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,172 @@
+"""The model handler contract and the handler that wraps any ``torch.nn.Module``.
+
+A handler has explicit hooks, as in LitServe: ``setup(device)`` once, then per
+batch ``preprocess`` (collate requests into tensors on the device),
+``predict`` and ``postprocess`` (split back into one output per request). An
+optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
+request before it can poison a batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from schemas.errors import ConfigError, OutputMismatchError, ValidationError
+from schemas.tensors import Array, Tensors, signature
+from workers.models.staging import PinnedStaging
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Dtype and per-request shape a model accepts (the batch dimension is not included)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        return (np.dtype(self.dtype).newbyteorder("<").str, self.shape)
+
+
+def check_inputs(spec: TensorSpec | None, inputs: Tensors) -> None:
+    """Raise a ValidationError naming the mismatch; a no-op for models without a spec."""
+    if spec is None:
+        return
+    if isinstance(inputs, dict):
+        raise ValidationError(f"expected a single tensor {spec.describe()}, got named tensors")
+    if signature(inputs) == spec.signature:
+        return
+    if np.dtype(inputs.dtype) != np.dtype(spec.dtype):
+        raise ValidationError(f"wrong dtype: expected {spec.dtype}, got {inputs.dtype}")
+    raise ValidationError(
+        f"wrong shape: expected {spec.describe()}, got {inputs.dtype}{list(inputs.shape)}"
+    )
+
+
+@runtime_checkable
+class ModelHandler(Protocol):
+    """What a worker needs from a model. User factories may return one of these."""
+
+    name: str
+    version: str
+    input_spec: TensorSpec | None
+
+    def setup(self, device: torch.device) -> None: ...
+
+    def preprocess(self, inputs: Sequence[Tensors]) -> Any: ...
+
+    def predict(self, batch: Any) -> Any: ...
+
+    def postprocess(self, outputs: Any, count: int) -> list[Tensors]: ...
+
+
+def weights_version(module: torch.nn.Module) -> str:
+    """A short content hash of the weights: the version stamped on every result."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(module.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return "sha256:" + digest.hexdigest()[:12]
+
+
+def split_rows(outputs: Any, count: int) -> list[Tensors]:
+    """One output per request from a batched tensor, dict or tuple of tensors."""
+    if isinstance(outputs, torch.Tensor):
+        arr = outputs.detach().cpu().numpy()
+        if arr.ndim == 0 or arr.shape[0] != count:
+            raise OutputMismatchError(
+                f"model returned {0 if arr.ndim == 0 else arr.shape[0]} outputs "
+                f"for {count} inputs"
+            )
+        return list(arr)
+    if isinstance(outputs, dict):
+        columns = {str(k): split_rows(v, count) for k, v in outputs.items()}
+        rows: list[Tensors] = []
+        for i in range(count):
+            row: dict[str, Array] = {}
+            for k, col in columns.items():
+                value = col[i]
+                row[k] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            rows.append(row)
+        return rows
+    if isinstance(outputs, tuple | list) and all(isinstance(o, torch.Tensor) for o in outputs):
+        return split_rows({f"output_{i}": o for i, o in enumerate(outputs)}, count)
+    raise OutputMismatchError(
+        f"model returned {type(outputs).__name__}; expected a tensor, dict or tuple of tensors"
+    )
+
+
+class TorchModuleHandler:
+    """Runs an ``nn.Module`` on whole batches under ``torch.inference_mode``.
+
+    On CUDA, requests are stacked into pinned host buffers (two, used in turn, so
+    the next batch's copy never overwrites one still in flight) and moved with
+    ``non_blocking=True``. ``autocast`` picks a reduced precision on CUDA only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        *,
+        version: str | None = None,
+        input_spec: TensorSpec | None = None,
+        autocast: bool = False,
+        max_batch_size: int = 1024,
+    ) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError(f"model {name!r}: expected a torch.nn.Module, got {type(module)}")
+        self.name = name
+        self.module = module
+        self.version = version or weights_version(module)
+        self.input_spec = input_spec
+        self.autocast = autocast
+        self.device = torch.device("cpu")
+        self._staging = PinnedStaging(max_batch_size)
+
+    def setup(self, device: torch.device) -> None:
+        self.device = device
+        self.module.to(device)
+        with contextlib.suppress(NotImplementedError):  # torch.export modules: no eval()
+            self.module.eval()
+        self._staging.enabled = device.type == "cuda"
+
+    def preprocess(self, inputs: Sequence[Tensors]) -> Any:
+        first = inputs[0]
+        if isinstance(first, dict):
+            return {
+                key: self._to_device([x[key] for x in inputs])
+                for key in first
+            }
+        return self._to_device(inputs)  # type: ignore[arg-type]
+
+    def _to_device(self, arrays: Sequence[Array]) -> torch.Tensor:
+        host = self._staging.stack(arrays)
+        if self.device.type == "cpu":
+            return host
+        return host.to(self.device, non_blocking=True)
+
+    def predict(self, batch: Any) -> Any:
+        with torch.inference_mode():
+            if self.autocast and self.device.type == "cuda":
+                with torch.autocast("cuda", dtype=torch.float16):
+                    return self._call(batch)
+            return self._call(batch)
+
+    def _call(self, batch: Any) -> Any:
+        return self.module(**batch) if isinstance(batch, dict) else self.module(batch)
+
+    def postprocess(self, outputs: Any, count: int) -> list[Tensors]:
+        if isinstance(outputs, torch.Tensor) and outputs.dtype in (torch.float16, torch.bfloat16):
+            outputs = outputs.float()
+        return split_rows(outputs, count)
