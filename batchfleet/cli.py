@@ -110,6 +110,11 @@ def worker(
                                             help="auto (console on a TTY), json or console.")
                           ] = "auto",
     log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
+    torch_threads: Annotated[int | None, typer.Option(
+        envvar="BATCHFLEET_TORCH_THREADS", min=1,
+        help="torch intra-op threads (default: torch's, one per core). Small models run "
+             "faster with 1 when the worker shares its cores; see docs/performance.md.")
+    ] = None,
 ) -> None:
     """Run a worker: fetch, micro-batch, compute, write results, ack.
 
@@ -122,6 +127,12 @@ def worker(
         batchfleet worker --broker redis://localhost:6379/0 --model fraud=mypkg.models:build
     """
     import os
+
+    # OpenMP reads these once, when torch loads it: set them before anything imports torch.
+    # PASSIVE: idle torch threads sleep instead of spinning on cores the event loop needs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if torch_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(torch_threads)
 
     from schemas.errors import ConfigError
     from workers import Worker, WorkerSettings

@@ -29,8 +29,9 @@ class Delivery:
     lane: str
     payload: bytes
     token: Any
-    #: How many times the broker has handed this message out, where it knows (else 1).
-    delivery_count: int = 1
+    #: How many times the broker has handed this message out, where it knows: Redis
+    #: does (1 for a new entry, 2+ for a reclaimed one); Kafka does not (None).
+    delivery_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

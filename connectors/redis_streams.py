@@ -115,7 +115,7 @@ class RedisStreamsConsumer:
             model, lane = self._streams[stream]
             for entry_id, fields in entries:
                 payload = fields.get(PAYLOAD_FIELD, b"") if fields else b""
-                out.append(Delivery(model, lane, payload, (stream, entry_id)))
+                out.append(Delivery(model, lane, payload, (stream, entry_id), delivery_count=1))
         out.sort(key=lambda d: LANES.index(d.lane))
         return out
 

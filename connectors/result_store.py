@@ -75,12 +75,22 @@ _COUNT_DELIVERIES = """
 local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local n = redis.call('HINCRBY', key, 'deliveries', 1)
+  local n = math.max(tonumber(redis.call('HGET', key, 'deliveries')) or 0,
+                     tonumber(ARGV[i + 1])) + 1
+  redis.call('HSET', key, 'deliveries', n)
   if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, ttl) end
   local cur = redis.call('HMGET', key, 'solo', 'status', 'gen')
   local done = -1
   if cur[2] and cur[2] ~= 'pending' then done = tonumber(cur[3]) or 0 end
   out[i] = {n, tonumber(cur[1]) or 0, done}
+end
+return out
+"""
+
+_GET_BODIES = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HGET', key, 'body')
 end
 return out
 """
@@ -134,6 +144,7 @@ class ResultStore:
         self._write_terminal = client.register_script(_WRITE_TERMINAL)
         self._count_deliveries = client.register_script(_COUNT_DELIVERIES)
         self._reopen = client.register_script(_REOPEN)
+        self._get_bodies = client.register_script(_GET_BODIES)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -166,9 +177,14 @@ class ResultStore:
             raise ResultStoreError(f"cannot write results: {exc}") from exc
         return [bool(x) for x in won]
 
-    async def count_deliveries(self, request_ids: Sequence[str]
+    async def count_deliveries(self, counted: Sequence[tuple[str, int]]
                                ) -> list[tuple[int, int, int]]:
         """Durably count one more delivery of each request: (deliveries, solo, done_gen).
+
+        ``counted`` pairs each request ID with the deliveries known to have happened
+        before this one (the count becomes at least that plus one): a transport that
+        can tell a first delivery apart (Redis) skips counting those, and says so
+        here when the request comes round again.
 
         Kept in the result record itself. More deliveries than attempts means a
         worker died holding the request; ``solo`` counts its solo runs that never
@@ -178,11 +194,12 @@ class ResultStore:
         is the generation of its terminal result, or -1 while it has none: a
         redelivery of a finished request is acked without running it again.
         """
-        if not request_ids:
+        if not counted:
             return []
-        keys = [self._names.result(rid) for rid in request_ids]
+        keys = [self._names.result(rid) for rid, _ in counted]
         try:
-            pairs = await self._count_deliveries(keys=keys, args=[self.ttl_s])
+            pairs = await self._count_deliveries(
+                keys=keys, args=[self.ttl_s, *(before for _, before in counted)])
         except RedisError as exc:
             raise ResultStoreError(f"cannot count deliveries: {exc}") from exc
         return [(int(n), int(solo), int(done)) for n, solo, done in pairs]
@@ -220,14 +237,16 @@ class ResultStore:
             raise ResultStoreError(f"cannot reopen results for replay: {exc}") from exc
 
     async def get_bodies(self, request_ids: Sequence[str]) -> list[bytes | None]:
-        """Encoded result envelopes (pending or terminal) in one round trip; None if unknown."""
+        """Encoded result envelopes (pending or terminal) in one round trip; None if unknown.
+
+        One script call rather than a pipeline of HGETs: one command to pack and one
+        reply to parse, however many IDs (redis-py's per-reply cost dominated).
+        """
         if not request_ids:
             return []
-        pipe = self._redis.pipeline(transaction=False)
-        for rid in request_ids:
-            pipe.hget(self._names.result(rid), "body")
+        keys = [self._names.result(rid) for rid in request_ids]
         try:
-            return list(await pipe.execute())
+            return [b or None for b in await self._get_bodies(keys=keys, args=[])]
         except RedisError as exc:
             raise ResultStoreError(f"cannot read results: {exc}") from exc
 

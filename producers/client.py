@@ -171,6 +171,9 @@ class AsyncClient:
             for req, _ in chunk
         ]
         states = await self._store.put_pending(pending)
+        # before publishing, so that even the quickest announcement finds them expected
+        self._waiter.expect([rid for (rid, _), state in zip(pending, states, strict=True)
+                             if state == SubmitState.NEW])
         await self._publisher.publish([
             OutboundMessage(req.model, req.lane, req.request_id, payload)
             for (req, payload), state in zip(chunk, states, strict=True)

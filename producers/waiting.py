@@ -6,6 +6,12 @@ it is waiting for in one pipelined read. Pub/sub is at-most-once (a reconnect
 can lose a message) and requests submitted by *another* client are announced
 on that client's channel, so a slow safety poll (``poll_interval_s``, one
 pipelined read of all outstanding IDs) covers both cases.
+
+The waiter also remembers the IDs its own client has just submitted as new
+(:meth:`expect`): their results will be announced here, so waiting on them
+needs no first read, and an announcement that arrives before anyone waits is
+noted rather than lost. That memory is bounded; what falls out of it is read
+as any other ID would be.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from schemas.names import Names
 log = structlog.get_logger("batchfleet.client")
 
 _READ_CHUNK = 2000
+#: How many submitted-but-not-yet-awaited IDs the waiter remembers (about 100 bytes each).
+_EXPECTED_CAP = 100_000
 _SUBSCRIBE_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 2.0
 
@@ -37,6 +45,8 @@ class ResultWaiter:
         self._channel = names.notify_channel(client_id)
         self._poll_interval_s = poll_interval_s
         self._waiters: dict[str, list[asyncio.Future[Result]]] = {}
+        #: Submitted here and announced here; True once the announcement came.
+        self._expected: dict[str, bool] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -63,6 +73,19 @@ class ResultWaiter:
             for fut in futures:
                 fut.cancel()
         self._waiters.clear()
+
+    def expect(self, request_ids: Sequence[str]) -> None:
+        """Note IDs this client submitted as new: their announcement will come here."""
+        expected = self._expected
+        for rid in request_ids:
+            expected[rid] = False
+        while len(expected) > _EXPECTED_CAP:
+            del expected[next(iter(expected))]
+
+    def _needs_read(self, request_ids: Sequence[str]) -> list[str]:
+        """The IDs whose result may already be stored: all but the expected, unannounced ones."""
+        expected = self._expected
+        return [rid for rid in request_ids if expected.pop(rid, True)]
 
     async def fetch(self, request_ids: Sequence[str]) -> list[Result | None]:
         out: list[Result | None] = []
@@ -109,13 +132,16 @@ class ResultWaiter:
             fut.add_done_callback(arrived.put_nowait)
         try:
             try:
-                self._resolve(await self.fetch(request_ids))
+                self._resolve(await self.fetch(self._needs_read(request_ids)))
             except ResultStoreError as exc:
                 # the store is restarting, say: the listener's poll picks these up once it is back
                 log.warning("first read of results failed; waiting on the poll", error=str(exc))
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             for received in range(len(futures)):
+                if not arrived.empty():  # results arrive a batch at a time: no timer needed
+                    yield arrived.get_nowait().result()
+                    continue
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
                     fut = await asyncio.wait_for(arrived.get(), left)
@@ -144,6 +170,7 @@ class ResultWaiter:
                 await self._pump(pubsub)
             except (RedisError, ResultStoreError, OSError) as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
+                self._expected.clear()  # announcements may be lost meanwhile: read those
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
@@ -157,7 +184,12 @@ class ResultWaiter:
         while True:
             message = await pubsub.get_message(timeout=self._poll_interval_s)  # type: ignore[attr-defined]
             if message is not None and message.get("type") == "message":
-                ids = [i for i in message["data"].decode().split(",") if i in self._waiters]
+                ids = []
+                for rid in message["data"].decode().split(","):
+                    if rid in self._waiters:
+                        ids.append(rid)
+                    elif rid in self._expected:
+                        self._expected[rid] = True  # done before anyone waited: read it then
                 if ids:
                     self._resolve(await self.fetch(ids))
             if loop.time() >= next_poll:

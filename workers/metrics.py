@@ -86,23 +86,37 @@ class WorkerMetrics:
         self.compute.labels(model, lane).observe(compute_s)
 
     def on_completed(self, done: Completed, now: float) -> None:
+        """Count a written batch: one labelled update per (model, lane, status), not per
+        request, since resolving labels dominated this at small per-request costs."""
         self.retries_and_dlq(done)
+        counts: dict[tuple[str, str, str], int] = {}
+        latencies: dict[tuple[str, str], list[float]] = {}
+        queue_waits: dict[tuple[str, str], list[float]] = {}
+        duplicates: dict[str, int] = {}
         for answer, first in zip(done.answers, done.won, strict=True):
             res, lane = answer.result, answer.delivery.lane
             if not first:
-                self.duplicates.labels(res.model).inc()
+                duplicates[res.model] = duplicates.get(res.model, 0) + 1
                 continue
-            self._done_since += 1
-            self.requests.labels(res.model, lane, res.status).inc()
+            key = (res.model, lane, res.status)
+            counts[key] = counts.get(key, 0) + 1
             if res.enqueued_at:
-                latency = max(0.0, now - res.enqueued_at)
-                self.end_to_end.labels(res.model, lane).observe(latency)
-                recent = self._recent.get((res.model, lane))
-                if recent is None:
-                    recent = self._recent[(res.model, lane)] = deque(maxlen=_RECENT)
-                recent.append(latency)
+                latencies.setdefault((res.model, lane), []).append(max(0.0, now - res.enqueued_at))
             if res.queue_ms is not None and res.status == "succeeded":
-                self.queue_wait.labels(res.model, lane).observe(res.queue_ms / 1000.0)
+                queue_waits.setdefault((res.model, lane), []).append(res.queue_ms / 1000.0)
+        for model, n in duplicates.items():
+            self.duplicates.labels(model).inc(n)
+        for status_key, n in counts.items():
+            self.requests.labels(*status_key).inc(n)
+            self._done_since += n
+        for lane_key, values in latencies.items():
+            _observe_all(self.end_to_end.labels(*lane_key), values)
+            recent = self._recent.get(lane_key)
+            if recent is None:
+                recent = self._recent[lane_key] = deque(maxlen=_RECENT)
+            recent.extend(values)
+        for lane_key, values in queue_waits.items():
+            _observe_all(self.queue_wait.labels(*lane_key), values)
 
     def retries_and_dlq(self, done: Completed) -> None:
         for delivery in done.rescheduled:
@@ -142,3 +156,9 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _observe_all(child: Histogram, values: list[float]) -> None:
+    observe = child.observe
+    for value in values:
+        observe(value)

@@ -271,18 +271,28 @@ class Worker:
 
         Returns the jobs to run, whether each is a suspect (delivered more than once
         per attempt), the quarantined ones with their error, and the deliveries of
-        requests that already have their result (to ack, not run).
+        requests that already have their result (to ack, not run). A delivery the
+        broker vouches is the first of its message (a new Redis stream entry) costs
+        nothing: only redeliveries, and Kafka's, which cannot tell, are counted.
         """
         assert self._store is not None and self._writer is not None
+        live: list[Job] = [j for j in jobs if j.delivery.delivery_count == 1]
+        suspects: list[bool] = [False] * len(live)
+        crashed: list[tuple[Job, ErrorInfo]] = []
+        finished: list[Delivery] = []
+        counted = [j for j in jobs if j.delivery.delivery_count != 1]
+        if not counted:
+            return live, suspects, crashed, finished
+        # Before a redelivery the request had at least one delivery per attempt; on a
+        # transport that skips counting first deliveries, this attempt's is uncounted.
+        before = [(j.request.request_id,
+                   j.request.attempt - (1 if j.delivery.delivery_count is None else 0))
+                  for j in counted]
         # Retried until it works: these deliveries are already fetched, and dropping them
         # would strand them (Kafka only redelivers after a rebalance).
         counts = await self._writer.retrying("count deliveries", self._store.count_deliveries,
-                                             [j.request.request_id for j in jobs])
-        live: list[Job] = []
-        suspects: list[bool] = []
-        crashed: list[tuple[Job, ErrorInfo]] = []
-        finished: list[Delivery] = []
-        for job, (count, solo_runs, done_gen) in zip(jobs, counts, strict=True):
+                                             before)
+        for job, (count, solo_runs, done_gen) in zip(counted, counts, strict=True):
             if done_gen >= job.request.generation:
                 finished.append(job.delivery)
                 self.stats.duplicates += 1

@@ -78,3 +78,19 @@ async def test_terminal_writes_announce_ids_once_per_client_channel(redis_url: s
     finally:
         await pubsub.aclose()
         await store.close()
+
+
+async def test_delivery_counts_start_from_what_the_transport_left_uncounted(
+        redis_url: str) -> None:
+    """Redis skips counting first deliveries; a redelivery then says how many came before."""
+    store = open_result_store(redis_url, NAMES)
+    try:
+        await store.put_pending([("d1", b"p"), ("d2", b"p")])
+        # d1: attempt 1's first delivery went uncounted, so this reclaim is its second
+        # d2: a transport that counts everything (Kafka), first delivery of attempt 1
+        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(2, 0, -1), (1, 0, -1)]
+        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(3, 0, -1), (2, 0, -1)]
+        await store.write_terminal([TerminalWrite("d1", "succeeded", b"done")])
+        assert (await store.count_deliveries([("d1", 1)]))[0][2] == 0  # done: ack, don't run
+    finally:
+        await store.close()
