@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -44,12 +45,12 @@ return out
 
 _WRITE_TERMINAL = """
 local ttl = tonumber(ARGV[1])
+local meta = cmsgpack.unpack(ARGV[2])
 local out = {}
 local channels = {}
 for i, key in ipairs(KEYS) do
-  local a = 1 + (i - 1) * 5
-  local rid, status, body, channel, gen = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-    tonumber(ARGV[a + 5])
+  local m = meta[i]
+  local rid, status, channel, gen, body = m[1], m[2], m[3], m[4], ARGV[i + 2]
   local cur = redis.call('HMGET', key, 'status', 'gen')
   local cur_gen = tonumber(cur[2]) or 0
   if (not cur[1] or cur[1] == 'pending') and gen >= cur_gen then
@@ -167,10 +168,13 @@ class ResultStore:
         if not writes:
             return []
         keys = [self._names.result(w.request_id) for w in writes]
-        args: list[Any] = [self.ttl_s]
-        for w in writes:
-            channel = self._names.notify_channel(w.notify_channel) if w.notify_channel else ""
-            args += [w.request_id, w.status, w.body, channel, w.generation]
+        # What is small goes in one msgpack argument, so a batch is N bodies plus two
+        # arguments rather than 5N: redis-py packs every argument in Python.
+        channel = self._names.notify_channel
+        meta = msgpack.packb([
+            (w.request_id, w.status, channel(w.notify_channel) if w.notify_channel else "",
+             w.generation) for w in writes])
+        args: list[Any] = [self.ttl_s, meta, *(w.body for w in writes)]
         try:
             won = await self._write_terminal(keys=keys, args=args)
         except RedisError as exc:

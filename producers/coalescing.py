@@ -1,10 +1,11 @@
-"""Coalescing single submits: many concurrent ``submit()`` calls, one round trip.
+"""Coalescing single submits: many concurrent ``submit()`` calls, few round trips.
 
 A service that submits one request per incoming call (the gateway, an async web
-handler) would otherwise pay two round trips per request. Submits made in the
-same event-loop turn are queued and sent together on the next turn, chunked,
-so the cost per request falls as concurrency rises, with no added delay when
-there is none: a lone submit is flushed on the very next turn.
+handler) would otherwise pay two round trips per request. This is group
+commit: at most ``max_in_flight`` sends run at once; submits that arrive while
+they do are queued and go out together, chunked, when one finishes. A lone
+submit is flushed on the very next event-loop turn, so there is no added delay
+when there is no concurrency, and the cost per request falls as load rises.
 """
 
 from __future__ import annotations
@@ -17,25 +18,35 @@ T = TypeVar("T")
 
 
 class Coalescer(Generic[T]):
-    def __init__(self, send: Callable[[list[T]], Awaitable[None]], chunk: int) -> None:
+    def __init__(self, send: Callable[[list[T]], Awaitable[None]], chunk: int,
+                 max_in_flight: int = 2) -> None:
         self._send = send
         self._chunk = chunk
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._flush_scheduled = False
         self._queued: list[tuple[T, asyncio.Future[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> None:
-        """Returns once ``item`` was sent with whatever else was submitted this turn."""
+        """Returns once ``item`` was sent, together with whatever queued up alongside it."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        if not self._queued:
-            loop.call_soon(self._flush)
         self._queued.append((item, done))
+        self._schedule_flush(loop)
         await done
 
+    def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._queued and not self._flush_scheduled and self._in_flight < self._max_in_flight:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+
     def _flush(self) -> None:
-        queued, self._queued = self._queued, []
-        for start in range(0, len(queued), self._chunk):
-            task = asyncio.create_task(self._send_chunk(queued[start:start + self._chunk]))
+        self._flush_scheduled = False
+        while self._queued and self._in_flight < self._max_in_flight:
+            chunk, self._queued = self._queued[:self._chunk], self._queued[self._chunk:]
+            self._in_flight += 1
+            task = asyncio.create_task(self._send_chunk(chunk))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -49,6 +60,9 @@ class Coalescer(Generic[T]):
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            self._in_flight -= 1
+            self._schedule_flush(asyncio.get_running_loop())
         for _, done in chunk:
             if not done.done():
                 done.set_result(None)

@@ -52,6 +52,8 @@ class ResultWaiter:
 
     async def start(self) -> None:
         """Subscribe before anything is submitted, so no announcement can be missed."""
+        if self._subscribed.is_set():  # every submit calls this: keep it free
+            return
         if self._listener is None:
             self._listener = asyncio.create_task(self._listen(), name="batchfleet-results")
         try:

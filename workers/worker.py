@@ -41,7 +41,7 @@ from schemas.errors import BatchfleetError, ComputeTimeoutError, TransportError
 from schemas.names import LANES, Names
 from schemas.tensors import signature
 from workers.backoff import compute_backoff
-from workers.batching import MicroBatcher
+from workers.batching import MicroBatcher, gather_pause_s
 from workers.breaker import BreakerConfig
 from workers.completion import ResultWriter
 from workers.device import resolve_device
@@ -232,6 +232,10 @@ class Worker:
                     if deliveries:
                         await self._accept(deliveries)
                     self._fetch_failures = 0
+                    pause = gather_pause_s(len(deliveries), self.settings.max_batch_size,
+                                           self.settings.max_wait_ms / 1000.0)
+                    if pause:
+                        await asyncio.sleep(pause)
                 except (TransportError, BatchfleetError) as exc:
                     self._fetch_failures += 1
                     delay = compute_backoff(self._fetch_failures, base_s=0.1, cap_s=5.0)

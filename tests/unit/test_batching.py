@@ -4,7 +4,13 @@ import asyncio
 
 import pytest
 
-from workers.batching import MicroBatcher, is_batch_ready, pick_ready, seconds_until_due
+from workers.batching import (
+    MicroBatcher,
+    gather_pause_s,
+    is_batch_ready,
+    pick_ready,
+    seconds_until_due,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +92,11 @@ async def test_stop_flushes_partial_groups_then_returns_none() -> None:
     stop.set()
     assert await batcher.next_batch(stop) == ("k", [1])
     assert await batcher.next_batch(stop) is None
+
+
+def test_a_partial_fetch_pauses_briefly_to_gather_arrivals() -> None:
+    assert gather_pause_s(0, 64, 0.005) == 0.0  # the empty fetch already blocked
+    assert gather_pause_s(64, 64, 0.005) == 0.0  # full: more is waiting, fetch at once
+    assert gather_pause_s(3, 64, 0.005) == pytest.approx(0.00125)  # a quarter of max_wait
+    assert gather_pause_s(3, 64, 0.020) == pytest.approx(0.002)  # capped
+    assert gather_pause_s(3, 64, 0.0) == 0.0  # max_wait 0: never hold anything back
