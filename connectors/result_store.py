@@ -96,6 +96,15 @@ end
 return out
 """
 
+_GET_TERMINAL_BODIES = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('HMGET', key, 'status', 'body')
+  if cur[1] and cur[1] ~= 'pending' then out[i] = cur[2] else out[i] = false end
+end
+return out
+"""
+
 _REOPEN = """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -146,6 +155,7 @@ class ResultStore:
         self._count_deliveries = client.register_script(_COUNT_DELIVERIES)
         self._reopen = client.register_script(_REOPEN)
         self._get_bodies = client.register_script(_GET_BODIES)
+        self._get_terminal_bodies = client.register_script(_GET_TERMINAL_BODIES)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -251,6 +261,17 @@ class ResultStore:
         keys = [self._names.result(rid) for rid in request_ids]
         try:
             return [b or None for b in await self._get_bodies(keys=keys, args=[])]
+        except RedisError as exc:
+            raise ResultStoreError(f"cannot read results: {exc}") from exc
+
+    async def get_terminal_bodies(self, request_ids: Sequence[str]) -> list[bytes | None]:
+        """Like :meth:`get_bodies`, but None unless terminal: a waiter polling for results
+        would only decode a pending body to throw it away."""
+        if not request_ids:
+            return []
+        keys = [self._names.result(rid) for rid in request_ids]
+        try:
+            return [b or None for b in await self._get_terminal_bodies(keys=keys, args=[])]
         except RedisError as exc:
             raise ResultStoreError(f"cannot read results: {exc}") from exc
 

@@ -11,7 +11,9 @@ The waiter also remembers the IDs its own client has just submitted as new
 (:meth:`expect`): their results will be announced here, so waiting on them
 needs no first read, and an announcement that arrives before anyone waits is
 noted rather than lost. That memory is bounded; what falls out of it is read
-as any other ID would be.
+as any other ID would be. The safety poll reads such waits only every tenth
+interval (all of them again after a reconnect), and reads bodies only of
+results that are terminal.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ log = structlog.get_logger("batchfleet.client")
 _READ_CHUNK = 2000
 #: How many submitted-but-not-yet-awaited IDs the waiter remembers (about 100 bytes each).
 _EXPECTED_CAP = 100_000
+#: Waits whose announcement is due here are polled only every this many poll intervals.
+_QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 2.0
 
@@ -47,6 +51,8 @@ class ResultWaiter:
         self._waiters: dict[str, list[asyncio.Future[Result]]] = {}
         #: Submitted here and announced here; True once the announcement came.
         self._expected: dict[str, bool] = {}
+        #: Waits on IDs submitted here: the safety poll can leave them be for a while.
+        self._quiet: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -78,22 +84,34 @@ class ResultWaiter:
 
     def expect(self, request_ids: Sequence[str]) -> None:
         """Note IDs this client submitted as new: their announcement will come here."""
-        expected = self._expected
+        expected, waiters = self._expected, self._waiters
         for rid in request_ids:
-            expected[rid] = False
+            if rid in waiters:  # already awaited (registered before it was submitted)
+                self._quiet.add(rid)
+            else:
+                expected[rid] = False
         while len(expected) > _EXPECTED_CAP:
             del expected[next(iter(expected))]
 
     def _needs_read(self, request_ids: Sequence[str]) -> list[str]:
-        """The IDs whose result may already be stored: all but the expected, unannounced ones."""
-        expected = self._expected
-        return [rid for rid in request_ids if expected.pop(rid, True)]
+        """The IDs whose result may already be stored: all but the expected, unannounced ones
+        (which become quiet waits)."""
+        expected, quiet = self._expected, self._quiet
+        out = []
+        for rid in request_ids:
+            if expected.pop(rid, True):
+                out.append(rid)
+            else:
+                quiet.add(rid)
+        return out
 
-    async def fetch(self, request_ids: Sequence[str]) -> list[Result | None]:
+    async def fetch(self, request_ids: Sequence[str], terminal_only: bool = False
+                    ) -> list[Result | None]:
+        """Current results; with ``terminal_only``, None for pending ones (not even read)."""
+        read = self._store.get_terminal_bodies if terminal_only else self._store.get_bodies
         out: list[Result | None] = []
         for start in range(0, len(request_ids), _READ_CHUNK):
-            chunk = request_ids[start:start + _READ_CHUNK]
-            bodies = await self._store.get_bodies(chunk)
+            bodies = await read(request_ids[start:start + _READ_CHUNK])
             out.extend(None if b is None else decode_result(b) for b in bodies)
         return out
 
@@ -114,11 +132,13 @@ class ResultWaiter:
                 waiting.remove(fut)
                 if not waiting:
                     del self._waiters[rid]
+                    self._quiet.discard(rid)
 
     def _resolve(self, results: Sequence[Result | None]) -> None:
         for res in results:
             if res is None or not res.is_terminal:
                 continue
+            self._quiet.discard(res.request_id)
             for fut in self._waiters.pop(res.request_id, ()):
                 if not fut.done():
                     fut.set_result(res)
@@ -134,7 +154,7 @@ class ResultWaiter:
             fut.add_done_callback(arrived.put_nowait)
         try:
             try:
-                self._resolve(await self.fetch(self._needs_read(request_ids)))
+                self._resolve(await self.fetch(self._needs_read(request_ids), True))
             except ResultStoreError as exc:
                 # the store is restarting, say: the listener's poll picks these up once it is back
                 log.warning("first read of results failed; waiting on the poll", error=str(exc))
@@ -173,6 +193,7 @@ class ResultWaiter:
             except (RedisError, ResultStoreError, OSError) as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
                 self._expected.clear()  # announcements may be lost meanwhile: read those
+                self._quiet.clear()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
@@ -183,6 +204,7 @@ class ResultWaiter:
     async def _pump(self, pubsub: object) -> None:
         loop = asyncio.get_running_loop()
         next_poll = loop.time() + self._poll_interval_s
+        polls = 0
         while True:
             message = await pubsub.get_message(timeout=self._poll_interval_s)  # type: ignore[attr-defined]
             if message is not None and message.get("type") == "message":
@@ -193,8 +215,13 @@ class ResultWaiter:
                     elif rid in self._expected:
                         self._expected[rid] = True  # done before anyone waited: read it then
                 if ids:
-                    self._resolve(await self.fetch(ids))
+                    self._resolve(await self.fetch(ids, True))
             if loop.time() >= next_poll:
                 next_poll = loop.time() + self._poll_interval_s
-                if self._waiters:
-                    self._resolve(await self.fetch(list(self._waiters)))
+                polls += 1
+                # Waits on IDs submitted here are announced here: polling them every time
+                # would reread every outstanding ID each second for nothing.
+                due = list(self._waiters) if polls % _QUIET_POLL_EVERY == 0 else [
+                    rid for rid in self._waiters if rid not in self._quiet]
+                if due:
+                    self._resolve(await self.fetch(due, True))
