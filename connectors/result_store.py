@@ -88,19 +88,14 @@ end
 return out
 """
 
+#: ARGV[1] = '1': return a body only where the status is terminal (else nil).
 _GET_BODIES = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HGET', key, 'body')
-end
-return out
-"""
-
-_GET_TERMINAL_BODIES = """
+local terminal_only = ARGV[1] == '1'
 local out = {}
 for i, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'body')
-  if cur[1] and cur[1] ~= 'pending' then out[i] = cur[2] else out[i] = false end
+  if terminal_only and (not cur[1] or cur[1] == 'pending') then out[i] = false
+  else out[i] = cur[2] end
 end
 return out
 """
@@ -155,7 +150,6 @@ class ResultStore:
         self._count_deliveries = client.register_script(_COUNT_DELIVERIES)
         self._reopen = client.register_script(_REOPEN)
         self._get_bodies = client.register_script(_GET_BODIES)
-        self._get_terminal_bodies = client.register_script(_GET_TERMINAL_BODIES)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -250,8 +244,11 @@ class ResultStore:
         except RedisError as exc:
             raise ResultStoreError(f"cannot reopen results for replay: {exc}") from exc
 
-    async def get_bodies(self, request_ids: Sequence[str]) -> list[bytes | None]:
-        """Encoded result envelopes (pending or terminal) in one round trip; None if unknown.
+    async def get_bodies(self, request_ids: Sequence[str], terminal_only: bool = False
+                         ) -> list[bytes | None]:
+        """Encoded result envelopes in one round trip; None if unknown, and with
+        ``terminal_only`` also None while pending (a waiter would only decode a pending
+        body to throw it away).
 
         One script call rather than a pipeline of HGETs: one command to pack and one
         reply to parse, however many IDs (redis-py's per-reply cost dominated).
@@ -260,20 +257,10 @@ class ResultStore:
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         try:
-            return [b or None for b in await self._get_bodies(keys=keys, args=[])]
+            bodies = await self._get_bodies(keys=keys, args=[int(terminal_only)])
         except RedisError as exc:
             raise ResultStoreError(f"cannot read results: {exc}") from exc
-
-    async def get_terminal_bodies(self, request_ids: Sequence[str]) -> list[bytes | None]:
-        """Like :meth:`get_bodies`, but None unless terminal: a waiter polling for results
-        would only decode a pending body to throw it away."""
-        if not request_ids:
-            return []
-        keys = [self._names.result(rid) for rid in request_ids]
-        try:
-            return [b or None for b in await self._get_terminal_bodies(keys=keys, args=[])]
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot read results: {exc}") from exc
+        return [b or None for b in bodies]
 
     async def register_models(self, models: Sequence[str]) -> None:
         try:

@@ -2,10 +2,10 @@
 
 Workers publish finished request IDs on the submitting client's own channel,
 one message per client per batch. The listener fetches the bodies of the IDs
-it is waiting for in one pipelined read. Pub/sub is at-most-once (a reconnect
+it is waiting for in one read. Pub/sub is at-most-once (a reconnect
 can lose a message) and requests submitted by *another* client are announced
 on that client's channel, so a slow safety poll (``poll_interval_s``, one
-pipelined read of all outstanding IDs) covers both cases.
+read of the outstanding IDs) covers both cases.
 
 The waiter also remembers the IDs its own client has just submitted as new
 (:meth:`expect`): their results will be announced here, so waiting on them
@@ -108,10 +108,10 @@ class ResultWaiter:
     async def fetch(self, request_ids: Sequence[str], terminal_only: bool = False
                     ) -> list[Result | None]:
         """Current results; with ``terminal_only``, None for pending ones (not even read)."""
-        read = self._store.get_terminal_bodies if terminal_only else self._store.get_bodies
         out: list[Result | None] = []
         for start in range(0, len(request_ids), _READ_CHUNK):
-            bodies = await read(request_ids[start:start + _READ_CHUNK])
+            bodies = await self._store.get_bodies(request_ids[start:start + _READ_CHUNK],
+                                                  terminal_only)
             out.extend(None if b is None else decode_result(b) for b in bodies)
         return out
 
