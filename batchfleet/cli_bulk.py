@@ -6,22 +6,34 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import structlog
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+from batchfleet.output import (
+    Column,
+    NoHeadersOpt,
+    OutputOpt,
+    human_time,
+    iso_time,
+    output_format,
+    render,
+)
+
+if TYPE_CHECKING:
+    from batchfleet.connectors.control_plane import BulkJobStore
 
 T = TypeVar("T")
 
 bulk_app = typer.Typer(
-    help="Score files on the fleet (low-priority lane): resumable nightly bulk jobs.",
+    help="Score files on the fleet (low-priority lane): resumable nightly bulk jobs.\n\n"
+         "Examples:\n\n    batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl\n\n"
+         "    batchfleet bulk list",
     no_args_is_help=True, rich_markup_mode="markdown")
 
 JobIdArg = Annotated[str, typer.Argument(help="The job ID `bulk run` printed.")]
@@ -40,16 +52,18 @@ def _configure_logging(fmt: str, level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
 
 
-def _redis_call(broker: str, results: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
-    from connectors import redis_client
-    from producers.bulk import Endpoints
+def _jobs_call(broker: str, results: str | None, namespace: str,
+               body: Callable[[BulkJobStore], Awaitable[T]]) -> T:
+    from batchfleet.connectors.bulk_jobs import open_bulk_jobs
+    from batchfleet.producers.bulk import Endpoints
+    from batchfleet.schemas.names import Names
 
     async def go() -> T:
-        client = redis_client(Endpoints(broker, results).results_url)
+        jobs = open_bulk_jobs(Endpoints(broker, results).results_url, Names(namespace))
         try:
-            return await body(client)
+            return await body(jobs)
         finally:
-            await client.aclose()
+            await jobs.close()
 
     return asyncio.run(go())
 
@@ -62,13 +76,16 @@ def run(
                                          help="Output file, same format family as the input.")],
     broker: BrokerOpt,
     errors: Annotated[Path | None, typer.Option(
-        help="Failed rows (JSONL). Default: OUTPUT's stem + .errors.jsonl.")] = None,
+        help="Failed rows (JSONL). Default: OUTPUT's stem + .JOB_ID.errors.jsonl.")] = None,
     job_id: Annotated[str | None, typer.Option(
         envvar="BATCHFLEET_BULK_JOB_ID",
         help="Run again with the same ID to resume. Default: a new ID (printed).")] = None,
     results: ResultsOpt = None,
     retry_failed: Annotated[bool, typer.Option(
         help="Run only the failed rows of a finished job again.")] = False,
+    restart: Annotated[bool, typer.Option(
+        help="Score an existing job from scratch: every row again, its files rewritten.")
+    ] = False,
     max_failure_rate: Annotated[float, typer.Option(
         help="Exit 1 when more than this fraction of rows failed.")] = 0.0,
     window: Annotated[int, typer.Option(
@@ -81,6 +98,18 @@ def run(
         help="Parquet: comma-separated numeric columns stacked into the row vector.")] = None,
     id_column: Annotated[str, typer.Option(
         help="Field or column with the row's own ID, copied to the output.")] = "custom_id",
+    max_line_bytes: Annotated[int, typer.Option(
+        help="JSONL: a longer line is skipped unread and fails as invalid_row.")
+    ] = 16 * 1024 * 1024,
+    version: Annotated[str | None, typer.Option(
+        help="Pin every row to this version label (evaluations); default: the rollout policy.")
+    ] = None,
+    early_stop_rows: Annotated[int, typer.Option(
+        help="Stop when this many first rows all fail the same way, or more than "
+             "--early-stop-rate of them fail (0: never).")] = 100,
+    early_stop_rate: Annotated[float, typer.Option(
+        help="Stop when more than this fraction of the first --early-stop-rows rows "
+             "failed (1: off).")] = 0.5,
     progress: Annotated[str, typer.Option(
         help="auto (a bar on a TTY, else log lines), bar, log or none.")] = "auto",
     stall_s: Annotated[float, typer.Option(
@@ -90,7 +119,9 @@ def run(
     namespace: NamespaceOpt = "bf",
     log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
                                             help="auto, json or console.")] = "auto",
-    log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
+    log_level: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_LOG_LEVEL",
+        help="debug, info, warning, error or critical.")] = "info",
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the final report as JSON instead of a table.")] = False,
 ) -> None:
@@ -99,8 +130,10 @@ def run(
     Rows go on the low-priority `bulk` lane with at most `--window` in flight.
     The output keeps `custom_id` (or the row index), `status` and `outputs`, in
     input order; failed rows also go to the errors file. Exit code: 0 done, 1
-    more failures than `--max-failure-rate`, 2 bad usage or input, 3 cancelled,
-    4 the job ID is busy or belongs to another input.
+    more failures than `--max-failure-rate` (or the first rows all failed the
+    same way), 2 bad usage or input, or an output the job's state counts on is
+    missing, 3 cancelled, 4 the job ID is busy or belongs to another input, 130
+    interrupted (Ctrl-C), 143 stopped by SIGTERM (both save progress first).
 
     Examples:
 
@@ -112,15 +145,17 @@ def run(
 
         batchfleet bulk run -m demo-mlp -i x.npy -o y.npy --job-id nightly-20250101 --retry-failed
     """
-    from producers.bulk import (
+    from batchfleet.producers.bulk import (
         BarProgress,
         BulkError,
+        EarlyStopError,
         Endpoints,
         InputFormatError,
         JobConflictError,
         JobSpec,
         LogProgress,
         NoProgress,
+        OutputMissingError,
         ProgressReporter,
         Tuning,
         exit_code,
@@ -128,7 +163,9 @@ def run(
         run_job,
         summary_table,
     )
-    from schemas.errors import BatchfleetError, ConfigError
+    from batchfleet.producers.bulk.job import describe
+    from batchfleet.producers.bulk.stopping import Stopped, run_stoppable
+    from batchfleet.schemas.errors import BatchfleetError, ConfigError
 
     _configure_logging(log_format, log_level)
     job_id = job_id or new_job_id()
@@ -142,23 +179,35 @@ def run(
     try:
         spec = JobSpec.create(job_id, model, input, output, errors, dtype=dtype,
                               input_column=input_column, feature_columns=features,
-                              id_column=id_column)
-        tuning = Tuning(window=window, stall_s=stall_s, part_rows=part_rows).validated()
+                              id_column=id_column, max_line_bytes=max_line_bytes,
+                              version=version)
+        tuning = Tuning(window=window, stall_s=stall_s, part_rows=part_rows,
+                        early_stop_rows=early_stop_rows,
+                        early_stop_rate=early_stop_rate).validated()
+        if restart and retry_failed:
+            raise ConfigError("--restart and --retry-failed cannot be combined")
     except (ConfigError, InputFormatError) as exc:
         raise fail(str(exc)) from exc
     typer.secho(f"bulk job {job_id} (run again with --job-id {job_id} to resume)", err=True)
-    try:
-        report = asyncio.run(run_job(spec, Endpoints(broker, results, namespace), tuning=tuning,
-                                     progress=reporters[progress](),
-                                     retry_failed=retry_failed))
+    try:  # SIGTERM (Kubernetes) stops it as Ctrl-C does: checkpoint, cursor back
+        report = run_stoppable(run_job(spec, Endpoints(broker, results, namespace),
+                                       tuning=tuning, progress=reporters[progress](),
+                                       retry_failed=retry_failed, restart=restart))
     except KeyboardInterrupt:
-        raise fail(f"interrupted; resume with --job-id {job_id}", 130) from None
+        raise fail(f"interrupted; progress is saved: resume with --job-id {job_id}",
+                   130) from None
+    except Stopped as exc:
+        raise fail(f"stopped by {exc}; progress is saved: resume with --job-id {job_id}",
+                   exc.exit_code) from None
     except JobConflictError as exc:
         raise fail(str(exc), 4) from exc
-    except InputFormatError as exc:
+    except (InputFormatError, OutputMissingError) as exc:
         raise fail(str(exc)) from exc
+    except EarlyStopError as exc:
+        raise fail(str(exc), 1) from exc
     except (BulkError, BatchfleetError, OSError) as exc:
-        raise fail(f"{exc} (progress is saved: resume with --job-id {job_id})", 1) from exc
+        raise fail(f"{str(exc) or describe(exc)} (progress is saved: resume with --job-id "
+                   f"{job_id})", 1) from exc
     if as_json:
         typer.echo(json.dumps(report.to_dict()))
     else:
@@ -172,19 +221,31 @@ def _record_json(record: Any) -> dict[str, Any]:
             "model": record.identity.get("model"), "input": record.identity.get("input"),
             "output": record.identity.get("output"), "errors": record.identity.get("errors"),
             "rows_done": pos.rows, "total": record.total, "succeeded": pos.succeeded,
-            "failed": pos.failed, "retry_round": record.retry_round,
-            "created_at": record.created_at, "updated_at": record.updated_at,
-            "finished_at": record.finished_at, "running_on": record.owner,
+            "failed": pos.failed, "retry_round": record.retry_round, "epoch": record.epoch,
+            "created_at": iso_time(record.created_at), "updated_at": iso_time(record.updated_at),
+            "finished_at": iso_time(record.finished_at), "running_on": record.owner,
             "cancel_requested": record.cancel_requested, "error": record.error or None}
 
 
-def _ago(ts: float | None) -> str:
-    return "" if not ts else f"{time.time() - ts:,.0f}s ago"
+def _record_row(record: Any) -> dict[str, Any]:
+    total = f" / {record.total:,}" if record.total else ""
+    return {**_record_json(record), "rows": f"{record.position.rows:,}{total}",
+            "created_at": human_time(record.created_at),
+            "updated_at": human_time(record.updated_at),
+            "finished_at": human_time(record.finished_at)}
+
+
+COLUMNS = (Column("job_id"), Column("status"), Column("model"),
+           Column("rows", "rows done"), Column("failed"), Column("updated_at", "updated"),
+           Column("input", wide=True), Column("output", wide=True),
+           Column("running_on", "running on", wide=True))
+FIELD_COLUMNS = (Column("field"), Column("value"))
 
 
 @bulk_app.command()
 def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
-           namespace: NamespaceOpt = "bf", as_json: JsonOpt = False) -> None:
+           namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+           no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """Show one job: status, rows done, failures, files. Exit 4 if unknown.
 
     Status is running, retrying, finished, cancelled, error, or interrupted
@@ -194,27 +255,19 @@ def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
 
         batchfleet bulk status nightly-20250101 --broker redis://localhost:6379/0
 
-        batchfleet bulk status nightly-20250101 --json
+        batchfleet bulk status nightly-20250101 -o json
     """
-    from producers.bulk import load_job
-    from schemas.names import Names
+    from batchfleet.producers.bulk import load_job
 
-    record = _redis_call(broker, results,
-                         lambda r: load_job(r, Names(namespace), job_id))
+    fmt = output_format(output, as_json)
+    record = _jobs_call(broker, results, namespace, lambda jobs: load_job(jobs, job_id))
     if record is None:
         raise fail(f"no bulk job {job_id} (never run, or its record expired)", 4)
-    body = _record_json(record)
-    if as_json:
-        typer.echo(json.dumps(body))
-        return
-    table = Table(title=f"bulk job {job_id}")
-    table.add_column("")
-    table.add_column("")
-    for key, value in body.items():
-        if value is not None and key != "job_id":
-            shown = _ago(value) if key.endswith("_at") and isinstance(value, float) else value
-            table.add_row(key, f"{shown:,}" if isinstance(shown, int) else str(shown))
-    Console().print(table)
+    row = _record_row(record)
+    rows = [{"field": key, "value": value} for key, value in row.items()
+            if value not in (None, "") and key not in ("job_id", "rows")]
+    render(rows, FIELD_COLUMNS, fmt, no_headers, title=f"bulk job {job_id}",
+           body=_record_json(record))
 
 
 @bulk_app.command()
@@ -226,11 +279,10 @@ def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
 
         batchfleet bulk cancel nightly-20250101 --broker redis://localhost:6379/0
     """
-    from producers.bulk import request_cancel
-    from schemas.names import Names
+    from batchfleet.producers.bulk import request_cancel
 
-    record = _redis_call(broker, results,
-                         lambda r: request_cancel(r, Names(namespace), job_id))
+    record = _jobs_call(broker, results, namespace,
+                        lambda jobs: request_cancel(jobs, job_id))
     if record is None:
         raise fail(f"no bulk job {job_id}", 4)
     if record.live:
@@ -242,29 +294,21 @@ def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
 @bulk_app.command("list")
 def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
           limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+          output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
           as_json: JsonOpt = False) -> None:
-    """List bulk jobs, newest first.
+    """List bulk jobs, newest first, with their whole job IDs.
 
     Examples:
 
         batchfleet bulk list --broker redis://localhost:6379/0
 
-        batchfleet bulk list --limit 10 --json
-    """
-    from producers.bulk import list_jobs
-    from schemas.names import Names
+        batchfleet bulk list --limit 10 -o json
 
-    records = _redis_call(broker, results,
-                          lambda r: list_jobs(r, Names(namespace), limit))
-    if as_json:
-        typer.echo(json.dumps([_record_json(r) for r in records]))
-        return
-    table = Table(title=f"bulk jobs ({len(records)})")
-    for col in ("job_id", "status", "model", "rows done", "failed", "updated"):
-        table.add_column(col)
-    for r in records:
-        total = f" / {r.total:,}" if r.total else ""
-        table.add_row(r.job_id, r.display_status, str(r.identity.get("model", "")),
-                      f"{r.position.rows:,}{total}", f"{r.position.failed:,}",
-                      _ago(r.updated_at))
-    Console().print(table)
+        batchfleet bulk list -o wide --no-headers
+    """
+    from batchfleet.producers.bulk import list_jobs
+
+    fmt = output_format(output, as_json)
+    records = _jobs_call(broker, results, namespace, lambda jobs: list_jobs(jobs, limit))
+    render([_record_row(r) for r in records], COLUMNS, fmt, no_headers,
+           title=f"bulk jobs ({len(records)})", body=[_record_json(r) for r in records])

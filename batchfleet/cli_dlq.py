@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from batchfleet.dlq import DeadLetterOps
+from batchfleet.connectors.dead_letters import DeadLetter
+from batchfleet.dlq import DeadLetterOps, Selection
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
-from connectors.dead_letters import DeadLetter
+from batchfleet.output import (
+    Column,
+    NoHeadersOpt,
+    OutputOpt,
+    dump,
+    human_time,
+    iso_time,
+    output_format,
+    render,
+)
 
 T = TypeVar("T")
 
 dlq_app = typer.Typer(
-    help="Inspect, replay and purge dead-lettered requests (one DLQ per model).",
+    help="Inspect, replay and purge dead-lettered requests (one DLQ per model).\n\n"
+         "Examples:\n\n    batchfleet dlq list\n\n    batchfleet dlq replay --all --dry-run",
     no_args_is_help=True, rich_markup_mode="markdown")
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Only this model's DLQ.")]
@@ -39,50 +47,79 @@ def _run(broker: str, results: str | None, namespace: str,
 
 def _as_json(dl: DeadLetter) -> dict[str, object]:
     return {"request_id": dl.request_id, "model": dl.model, "attempts": dl.attempts,
-            "reason": dl.reason, "dead_at": dl.dead_at, "errors": dl.errors}
+            "reason": dl.reason, "dead_at": iso_time(dl.dead_at), "errors": dl.errors}
+
+
+def _row(dl: DeadLetter) -> dict[str, object]:
+    last = dl.errors[-1] if dl.errors else {}
+    return {**_as_json(dl), "dead_at": human_time(dl.dead_at),
+            "last_error": f"{last.get('type', '')}: {last.get('message', '')}",
+            "dead_for": f"{time.time() - dl.dead_at:,.0f}s"}
+
+
+COLUMNS = (Column("request_id"), Column("model"), Column("attempts"),
+           Column("last_error", "last error"), Column("dead_for", "dead for"),
+           Column("reason", wide=True), Column("dead_at", "dead at", wide=True))
 
 
 @dlq_app.command("list")
 def list_(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
           error_type: Annotated[str | None, typer.Option(help="Only this error type.")] = None,
-          namespace: NamespaceOpt = "bf", as_json: JsonOpt = False) -> None:
-    """List dead-lettered requests, oldest first.
+          namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+          no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
+    """List dead-lettered requests, oldest first: every one, once per request ID and
+    generation (paged, no cap). IDs are printed whole, ready for `dlq show`.
 
     Examples:
 
         batchfleet dlq list --broker redis://localhost:6379/0
 
-        batchfleet dlq list -m demo-mlp --error-type model_error --json
+        batchfleet dlq list -m demo-mlp --error-type model_error -o json
+
+        batchfleet dlq list -o wide --no-headers | awk '{print $1}'
     """
+    fmt = output_format(output, as_json)
     letters = _run(broker, results, namespace, lambda ops: ops.letters(model, error_type))
-    if as_json:
-        typer.echo(json.dumps([_as_json(dl) for dl in letters]))
-        return
-    table = Table(title=f"dead letters ({len(letters)})")
-    for col in ("request_id", "model", "attempts", "last error", "dead for"):
-        table.add_column(col)
-    now = time.time()
-    for dl in letters:
-        last = dl.errors[-1] if dl.errors else {}
-        table.add_row(dl.request_id, dl.model, str(dl.attempts),
-                      f"{last.get('type', '')}: {str(last.get('message', ''))[:60]}",
-                      f"{now - dl.dead_at:,.0f}s")
-    Console().print(table)
+    render([_row(dl) for dl in letters], COLUMNS, fmt, no_headers,
+           title=f"dead letters ({len(letters)})", body=[_as_json(dl) for dl in letters])
+
+
+ATTEMPT_COLUMNS = (Column("attempt"), Column("type"), Column("message"), Column("at"),
+                   Column("retryable", wide=True))
 
 
 @dlq_app.command()
 def show(request_id: Annotated[str, typer.Argument(help="The dead-lettered request ID.")],
-         broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf") -> None:
-    """Show one dead-lettered request with the error of every attempt (JSON).
+         broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+         output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
+         as_json: JsonOpt = False) -> None:
+    """Show one dead-lettered request and the error of every attempt. Exit 4 if it is not
+    in any dead-letter queue.
 
-    Example:
+    Examples:
 
         batchfleet dlq show 3f2a9c... --broker redis://localhost:6379/0
+
+        batchfleet dlq show 3f2a9c... -o json
     """
+    fmt = output_format(output, as_json)
     letters = _run(broker, results, namespace, lambda ops: ops.letters(request_ids=[request_id]))
     if not letters:
         raise fail(f"{request_id} is not in any dead-letter queue", 4)
-    typer.echo(json.dumps([_as_json(dl) for dl in letters], indent=2))
+    if fmt in ("json", "yaml"):
+        dump([_as_json(dl) for dl in letters], fmt)
+        return
+    for dl in letters:
+        rows = [{"attempt": n, "type": e.get("type", ""), "message": e.get("message", ""),
+                 "at": _attempt_time(e.get("at")), "retryable": str(e.get("retryable", ""))}
+                for n, e in enumerate(dl.errors, 1)]
+        title = (f"{dl.request_id}  model {dl.model}  {dl.attempts} attempt(s)  "
+                 f"{dl.reason}  dead since {human_time(dl.dead_at)}")
+        render(rows, ATTEMPT_COLUMNS, fmt, no_headers, title=title)
+
+
+def _attempt_time(value: object) -> str:
+    return human_time(value) if isinstance(value, int | float) else str(value or "")
 
 
 @dlq_app.command()
@@ -93,6 +130,9 @@ def replay(
     results: ResultsOpt = None, model: ModelOpt = None,
     error_type: Annotated[str | None, typer.Option(help="Only this error type.")] = None,
     replay_all: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only list what would be replayed or skipped; change nothing.")]
+    = False,
     namespace: NamespaceOpt = "bf",
 ) -> None:
     """Re-run dead-lettered requests under their own IDs (after fixing the model).
@@ -106,18 +146,24 @@ def replay(
 
         batchfleet dlq replay -m demo-mlp --error-type model_error
 
-        batchfleet dlq replay --all
+        batchfleet dlq replay --all --dry-run
     """
     if not (request_ids or model or error_type or replay_all):
         raise fail("name request IDs, or select with --model / --error-type, or pass --all")
 
-    async def body(ops: DeadLetterOps) -> tuple[int, dict[str, str]]:
-        report = await ops.replay(await ops.letters(model, error_type, request_ids or ()))
-        return len(report.replayed), report.skipped
-
-    replayed, skipped = _run(broker, results, namespace, body)
-    typer.echo(f"replayed {replayed} request(s)")
-    for rid, why in skipped.items():
+    selection = Selection(model, error_type, tuple(request_ids or ()))
+    if dry_run:
+        plan = _run(broker, results, namespace, lambda ops: ops.replay_plan(selection))
+        for rid in plan.replayed:
+            typer.echo(f"would replay {rid}")
+        for rid, why in plan.skipped.items():
+            typer.echo(f"would skip {rid}: {why}")
+        typer.echo(f"would replay {len(plan.replayed)} request(s), skip "
+                   f"{len(plan.skipped)} (dry run: nothing changed)")
+        return
+    report = _run(broker, results, namespace, lambda ops: ops.replay_selected(selection))
+    typer.echo(f"replayed {len(report.replayed)} request(s)")
+    for rid, why in report.skipped.items():
         typer.echo(f"skipped {rid}: {why} (removed from the DLQ)")
 
 
@@ -139,8 +185,5 @@ def purge(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
     if not yes:
         typer.confirm(f"Delete the dead letters of {model or 'every model'}?", abort=True)
 
-    async def body(ops: DeadLetterOps) -> int:
-        models = [model] if model else await ops.queue.models()
-        return sum([await ops.queue.purge(m) for m in models])
-
-    typer.echo(f"purged {_run(broker, results, namespace, body)} dead letter(s)")
+    typer.echo(f"purged {_run(broker, results, namespace, lambda ops: ops.purge(model))} "
+               "dead letter(s)")

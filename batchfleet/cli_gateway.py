@@ -11,15 +11,21 @@ from typing import Annotated
 import typer
 
 from batchfleet.options import NamespaceOpt, ResultsOpt, fail
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
-gateway_app = typer.Typer(
-    help="The HTTP gateway: submit, poll and long-poll over HTTP (docs/http-api.md).",
-    invoke_without_command=True, rich_markup_mode="markdown")
+gateway_app = typer.Typer(invoke_without_command=True, rich_markup_mode="markdown")
 
 KeysFileOpt = Annotated[Path | None, typer.Option(
     "--keys-file", envvar="BATCHFLEET_GATEWAY_KEYS_FILE",
-    help="File of API keys, one KEY_ID:SHA256HEX:MODEL1,MODEL2 per line (* = any model).")]
+    help="File of API keys, one KEY_ID:SHA256HEX:MODEL1,MODEL2[:OPTIONS] per line (* = any "
+         "model; OPTIONS: scopes=admin rate=R burst=B in_flight=N).")]
+IdSecretOpt = Annotated[str | None, typer.Option(
+    "--id-secret", envvar="BATCHFLEET_GATEWAY_ID_SECRET",
+    help="HMAC key for request IDs derived from Idempotency-Key; the same on every replica. "
+         "Unset: random per process (idempotency does not survive restarts).")]
+PoolOpt = Annotated[int, typer.Option(
+    "--redis-max-connections", envvar="BATCHFLEET_GATEWAY_REDIS_MAX_CONNECTIONS",
+    help="Size of each Redis connection pool; past it, requests wait for a free connection.")]
 SchemesOpt = Annotated[str, typer.Option(
     "--callback-schemes", envvar="BATCHFLEET_CALLBACK_SCHEMES",
     help="Allowed callback URL schemes, comma-separated.")]
@@ -58,9 +64,21 @@ def gateway(
     callback_schemes: SchemesOpt = "https",
     callback_hosts: HostsOpt = "",
     callback_allow_nets: NetsOpt = "",
-    log_level: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_LEVEL")] = "info",
+    id_secret: IdSecretOpt = None,
+    redis_max_connections: PoolOpt = 256,
+    admit_max_memory: Annotated[float, typer.Option(
+        envvar="BATCHFLEET_ADMIT_MAX_MEMORY",
+        help="Answer 503 past this fraction of Redis maxmemory (0: never).")] = 0.8,
+    admit_max_backlog: Annotated[int, typer.Option(
+        envvar="BATCHFLEET_ADMIT_MAX_BACKLOG",
+        help="Answer 503 while a lane holds this many requests (0: no limit).")] = 0,
+    log_level: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_LOG_LEVEL",
+        help="critical, error, warning, info, debug or trace (uvicorn's levels).")] = "info",
 ) -> None:
-    """Serve the HTTP gateway (FastAPI + uvicorn).
+    """The HTTP gateway: submit, poll and long-poll over HTTP (docs/http-api.md).
+
+    Without a subcommand it serves the API (FastAPI + uvicorn).
 
     API keys come from --keys-file and/or BATCHFLEET_GATEWAY_KEYS (entries separated by
     newlines or ';'). Make one with `batchfleet gateway hash-key`.
@@ -75,9 +93,9 @@ def gateway(
         return
     if not broker:
         raise fail("--broker (or BATCHFLEET_BROKER) is required")
-    from connectors.ssrf import CallbackPolicy
-    from producers.gateway import GatewaySettings, KeyRing
-    from producers.gateway.server import serve
+    from batchfleet.connectors.ssrf import CallbackPolicy
+    from batchfleet.producers.gateway import GatewaySettings, KeyRing
+    from batchfleet.producers.gateway.server import serve
 
     try:
         settings = GatewaySettings(
@@ -86,7 +104,9 @@ def gateway(
             callback_policy=CallbackPolicy.parse(callback_schemes, callback_hosts,
                                                  callback_allow_nets),
             max_body_bytes=max_body_bytes, max_batch_items=max_batch_items,
-            max_wait_s=max_wait_s).validated()
+            max_wait_s=max_wait_s, id_secret=id_secret or None,
+            redis_max_connections=redis_max_connections, admit_max_memory=admit_max_memory,
+            admit_max_backlog=admit_max_backlog).validated()
     except (ConfigError, OSError) as exc:
         raise fail(str(exc)) from exc
     serve(settings, host, port, log_level)
@@ -99,6 +119,13 @@ def hash_key_cmd(
         "--models", help="Models it may use, comma-separated; * for all.")] = "*",
     stdin: Annotated[bool, typer.Option(
         "--stdin", help="Hash a key read from stdin instead of making a new one.")] = False,
+    scopes: Annotated[str, typer.Option(
+        "--scopes", help="Extra powers, comma-separated: admin (read every key's results).")] = "",
+    rate: Annotated[float, typer.Option("--rate", help="Requests per second; 0: no limit.")] = 0,
+    burst: Annotated[int, typer.Option(
+        "--burst", help="Requests at once after a quiet spell; default: one second's.")] = 0,
+    max_in_flight: Annotated[int, typer.Option(
+        "--max-in-flight", help="Requests submitted and not yet finished; 0: no limit.")] = 0,
 ) -> None:
     """Make an API key and print it with the line to add to the gateway's keys.
 
@@ -109,11 +136,18 @@ def hash_key_cmd(
         batchfleet gateway hash-key --id billing --models demo-mlp >> keys.txt
 
         echo -n "$EXISTING_KEY" | batchfleet gateway hash-key --id ci --stdin
+
+        batchfleet gateway hash-key --id tenant-a --rate 50 --burst 100 --max-in-flight 500
+
+        batchfleet gateway hash-key --id ops --scopes admin
     """
-    from producers.gateway import ApiKey, KeyRing, hash_key, new_key
+    from batchfleet.connectors.quotas import Quota
+    from batchfleet.producers.gateway import ApiKey, KeyRing, hash_key, new_key
 
     key = sys.stdin.read().strip() if stdin else new_key()
-    line = ApiKey(key_id, hash_key(key), frozenset(m.strip() for m in models.split(","))).line()
+    line = ApiKey(key_id, hash_key(key), frozenset(m.strip() for m in models.split(",")),
+                  frozenset(s.strip() for s in scopes.split(",") if s.strip()),
+                  Quota(rate, burst, max_in_flight)).line()
     try:
         KeyRing.parse(line)
     except ConfigError as exc:
@@ -131,7 +165,7 @@ def openapi_cmd() -> None:
 
         batchfleet gateway openapi > openapi.json
     """
-    from producers.gateway import GatewaySettings, KeyRing, create_app
+    from batchfleet.producers.gateway import GatewaySettings, KeyRing, create_app
 
     placeholder = KeyRing.parse("spec:" + "0" * 64 + ":*")
     app = create_app(GatewaySettings(broker="redis://localhost:6379/0", keys=placeholder))

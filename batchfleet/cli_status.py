@@ -1,56 +1,55 @@
-"""``batchfleet status``: a live view of every lane, or JSON snapshots for scripts."""
+"""``batchfleet status``: a live view of every lane, or JSON/YAML snapshots for scripts."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Annotated
 
 import typer
-from redis.exceptions import RedisError
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
+from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, output_format
+from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.status import FleetReader, FleetSnapshot, render
 
 #: A snapshot that takes longer than this counts as failed (an unreachable Redis).
 READ_TIMEOUT_S = 10.0
-#: Columns of the tables when the output is not a terminal.
-WIDE = 150
 
 
 async def _read(reader: FleetReader) -> FleetSnapshot:
     return await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
 
 
-async def _once(reader: FleetReader, as_json: bool) -> None:
-    snap = await _read(reader)
-    if as_json:
-        typer.echo(json.dumps(snap.to_json()))
-        return
-    console = Console()
-    if not console.is_terminal:  # a file or a pipe: wide enough for every column
-        console = Console(width=max(console.width, WIDE))
-    console.print(render(snap))
+def _show(snap: FleetSnapshot, output: str, no_headers: bool) -> None:
+    """One snapshot: ``to_json()`` unchanged as JSON (the gateway's ``/v1/fleet`` is the
+    same document) or YAML, else the tables."""
+    if output in ("json", "yaml"):
+        dump(snap.to_json(), output)
+    else:
+        console().print(render(snap, wide=output == "wide", no_headers=no_headers))
 
 
-async def _watch(reader: FleetReader, as_json: bool, interval: float) -> None:
+async def _watch(reader: FleetReader, output: str, no_headers: bool, interval: float) -> None:
     """Refresh until interrupted; a failed read is shown and retried, never fatal."""
-    if as_json:  # one JSON document per line
+    if output in ("json", "yaml"):  # one document per snapshot: JSON lines, YAML "---"
         while True:
+            if output == "yaml":
+                typer.echo("---")
             try:
-                typer.echo(json.dumps((await _read(reader)).to_json()))
-            except (RedisError, OSError, TimeoutError) as exc:
-                typer.echo(json.dumps({"error": str(exc) or type(exc).__name__}))
+                _show(await _read(reader), output, no_headers)
+            except (BatchfleetError, OSError, TimeoutError) as exc:
+                dump({"error": str(exc) or type(exc).__name__}, output)
             await asyncio.sleep(interval)
     with Live(Text("reading the fleet..."), auto_refresh=False, console=Console()) as live:
         while True:
             try:
-                live.update(render(await _read(reader)), refresh=True)
-            except (RedisError, OSError, TimeoutError) as exc:
+                live.update(render(await _read(reader), wide=output == "wide",
+                                   no_headers=no_headers), refresh=True)
+            except (BatchfleetError, OSError, TimeoutError) as exc:
                 live.update(Text(f"cannot read the fleet: {exc or type(exc).__name__}",
                                  style="bold red"), refresh=True)
             await asyncio.sleep(interval)
@@ -61,10 +60,12 @@ def status(
     results: ResultsOpt = None,
     namespace: NamespaceOpt = "bf",
     as_json: JsonOpt = False,
+    output: OutputOpt = "table",
+    no_headers: NoHeadersOpt = False,
     watch: Annotated[bool | None, typer.Option(
         "--watch/--once",
         help="Refresh until Ctrl-C, or print one snapshot. Default: watch on a terminal, "
-             "once otherwise (and with --json).")] = None,
+             "once otherwise (and with -o json|yaml).")] = None,
     interval: Annotated[float, typer.Option(
         min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
 ) -> None:
@@ -83,24 +84,31 @@ def status(
 
         batchfleet status --json | jq '.lanes[] | select(.depth > 0)'
 
+        batchfleet status -o wide --no-headers --once | grep demo-mlp
+
         batchfleet status --json --watch --interval 10 >> fleet.ndjson
     """
-    from connectors import BrokerURL
-    from connectors.urls import results_url_for
-    from schemas.errors import ConfigError
-    from schemas.names import Names
+    from batchfleet.connectors import BrokerURL
+    from batchfleet.connectors.urls import results_url_for
+    from batchfleet.schemas.errors import ConfigError
+    from batchfleet.schemas.names import Names
 
     try:
         parsed = BrokerURL.parse(broker)
         results_url = results_url_for(parsed, results)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
-    live = watch if watch is not None else (not as_json and sys.stdout.isatty())
+    output = output_format(output, as_json)
+    structured = output in ("json", "yaml")
+    live = watch if watch is not None else (not structured and sys.stdout.isatty())
 
     async def go() -> None:
         reader = FleetReader(parsed, results_url, Names(namespace))
         try:
-            await (_watch(reader, as_json, interval) if live else _once(reader, as_json))
+            if live:
+                await _watch(reader, output, no_headers, interval)
+            else:
+                _show(await _read(reader), output, no_headers)
         finally:
             await reader.close()
 
@@ -108,5 +116,6 @@ def status(
         asyncio.run(go())
     except KeyboardInterrupt:
         return
-    except (RedisError, OSError, TimeoutError) as exc:
-        raise fail(f"cannot read the fleet: {exc or type(exc).__name__}", 1) from exc
+    except (BatchfleetError, OSError, TimeoutError) as exc:
+        message, code = error_line(exc)
+        raise fail(f"cannot read the fleet: {message}", code) from exc

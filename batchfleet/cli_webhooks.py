@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import redis
 import typer
-from rq import Queue
 
 from batchfleet.options import JsonOpt, NamespaceOpt, fail
-from schemas.errors import ConfigError
-from schemas.names import Names
+from batchfleet.output import Column, NoHeadersOpt, OutputOpt, output_format, render
+from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import Names
+
+if TYPE_CHECKING:
+    from rq import Queue  # the worker extra: imported where it is used
 
 webhooks_app = typer.Typer(
-    help="Deliver signed webhooks (an RQ worker), list failed deliveries and replay them.",
+    help="Deliver signed webhooks (an RQ worker), list failed deliveries and replay them.\n\n"
+         "Examples:\n\n    batchfleet webhooks worker\n\n    batchfleet webhooks failed",
     no_args_is_help=True, rich_markup_mode="markdown")
 
 RedisOpt = Annotated[str, typer.Option(
-    "--results", envvar="BATCHFLEET_RESULTS",
-    help="Redis holding the results and the webhook queue, redis://host:port/db.")]
+    "--results", envvar=["BATCHFLEET_RESULTS", "BATCHFLEET_BROKER"],
+    help="Redis holding the results and the webhook queue, redis://host:port/db. "
+         "Default: BATCHFLEET_RESULTS, else BATCHFLEET_BROKER when it is Redis.")]
 
 
 def _queue(url: str, namespace: str) -> Queue:
-    return Queue(Names(namespace).webhook_queue, connection=redis.Redis.from_url(url))
+    from batchfleet.connectors.webhook_queue import rq_queue
+
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"--results must be a Redis URL (redis://host:port/db), not {url!r}")
+    return rq_queue(url, Names(namespace))
 
 
 @webhooks_app.command()
@@ -55,10 +62,8 @@ def worker(
 
         BATCHFLEET_WEBHOOK_SECRET=s3cret batchfleet webhooks worker --results redis://localhost:6379/0
     """
-    from rq import Worker
-
-    from connectors.ssrf import CallbackPolicy
-    from connectors.webhook_jobs import DeliveryConfig, configure
+    from batchfleet.connectors.ssrf import CallbackPolicy
+    from batchfleet.connectors.webhook_jobs import DeliveryConfig, configure, delivery_worker
 
     try:
         if not secret:
@@ -68,20 +73,23 @@ def worker(
     except ConfigError as exc:
         raise fail(str(exc)) from exc
     queue = _queue(results, namespace)
-    Worker([queue], connection=queue.connection,
-           name=f"webhooks-{os.getpid()}").work(with_scheduler=True, burst=burst)
+    delivery_worker(queue, f"webhooks-{os.getpid()}").work(with_scheduler=True, burst=burst)
 
 
 @webhooks_app.command()
-def failed(results: RedisOpt, namespace: NamespaceOpt = "bf", as_json: JsonOpt = False) -> None:
+def failed(results: RedisOpt, namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+           no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """List deliveries that ran out of retries (RQ's failed registry).
 
     Examples:
 
-        batchfleet webhooks failed --results redis://localhost:6379/0 --json
+        batchfleet webhooks failed --results redis://localhost:6379/0
+
+        batchfleet webhooks failed -o json
     """
     from rq.job import Job
 
+    output_format(output, as_json)  # a bad -o fails before Redis is read
     queue = _queue(results, namespace)
     ids = queue.failed_job_registry.get_job_ids()
     rows = []
@@ -92,15 +100,15 @@ def failed(results: RedisOpt, namespace: NamespaceOpt = "bf", as_json: JsonOpt =
         latest = job.latest_result()
         trace = ((latest.exc_string or "") if latest is not None else "").strip()
         rows.append({"delivery_id": job.id, "request_id": request_id, "generation": generation,
-                     "callback_url": url, "ended_at": str(job.ended_at),
+                     "callback_url": url,
+                     "ended_at": job.ended_at.isoformat() if job.ended_at else None,
                      "error": trace.splitlines()[-1] if trace else ""})
-    if as_json:
-        typer.echo(json.dumps(rows))
-        return
-    for row in rows:
-        typer.echo(f"{row['delivery_id']}  {row['request_id']}  {row['callback_url']}  "
-                   f"{row['error']}")
-    typer.echo(f"{len(rows)} failed deliveries", err=True)
+    render(rows, COLUMNS, output_format(output, as_json), no_headers,
+           title=f"failed deliveries ({len(rows)})")
+
+
+COLUMNS = (Column("delivery_id", "delivery"), Column("request_id"), Column("callback_url"),
+           Column("error"), Column("generation", wide=True), Column("ended_at", wide=True))
 
 
 @webhooks_app.command()
@@ -126,7 +134,7 @@ def replay(
     queue = _queue(results, namespace)
     registry = queue.failed_job_registry
     ids = registry.get_job_ids() if all_ else list(delivery_ids or [])
-    if not ids:
+    if not ids and not all_:
         raise fail("name delivery IDs, or pass --all")
     replayed = 0
     for job_id in ids:

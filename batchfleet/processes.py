@@ -17,10 +17,9 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-import redis
-
-from schemas.errors import ConfigError
-from schemas.names import Names
+from batchfleet.connectors.heartbeats import HeartbeatProbe
+from batchfleet.schemas.errors import BatchfleetError, ConfigError
+from batchfleet.schemas.names import Names
 
 
 class WorkerProcess:
@@ -60,19 +59,21 @@ class WorkerProcess:
 
     def wait_ready(self, timeout_s: float = 120.0) -> WorkerProcess:
         """Block until the worker's heartbeat appears (it is warmed up and consuming)."""
-        key = Names(self.namespace).worker_heartbeat(self.worker_id)
-        client = redis.Redis.from_url(self.results)
+        probe = HeartbeatProbe(self.results, Names(self.namespace))
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise ConfigError(f"worker exited with {self.proc.returncode} during start-up:"
                                       f"\n{self.log_tail()}")
-                if client.exists(key):
-                    return self
+                try:
+                    if probe.present(self.worker_id):
+                        return self
+                except BatchfleetError:  # the store is still starting: keep waiting
+                    pass
                 time.sleep(0.05)
         finally:
-            client.close()
+            probe.close()
         raise ConfigError(f"worker not ready after {timeout_s}s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:

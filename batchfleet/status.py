@@ -1,276 +1,34 @@
-"""What ``batchfleet status`` shows: one snapshot of the fleet, read from Redis, and its tables.
+"""What ``batchfleet status`` shows: the fleet reader's snapshot, as tables.
 
-Where each number comes from:
+Tables follow :mod:`batchfleet.output`: cells fold (full worker IDs), the time is
+local and human, ``-o wide`` adds columns and ``--no-headers`` leaves plain rows.
 
-* **workers**: the heartbeat keys (``{prefix}:worker:*``) that every live worker
-  refreshes every 2 s with a 10 s TTL, so a dead worker drops out on its own;
-* **models**: the registry set ``{prefix}:models``, plus whatever live workers
-  serve and whatever has a dead-letter queue;
-* **depth** of a lane: on Redis the length of its stream (workers ``XDEL`` what
-  they finish, so the length is the backlog, in-flight entries included), its
-  **oldest age** from the first entry's ID, and the group's **lag** (entries not
-  yet delivered) and **pending** entries from ``XINFO GROUPS``. On Kafka it is
-  the sum of the lag each live worker reports for its own partitions, so it is
-  unknown while no worker serves the lane (KEDA reads the group's lag itself);
-* **DLQ** sizes: ``XLEN`` of ``{prefix}:dlq:{model}``;
-* **throughput, p99, breakers**: the heartbeats. A worker serving several
-  models counts its whole rate for each, and the fleet's p99 of a lane is the
-  worst p99 any worker reports (percentiles do not add up).
-
-:func:`summarize` is pure (heartbeats and Redis replies in, a snapshot out);
-:class:`FleetReader` does the I/O, one pipelined round trip per Redis.
+The reading is a library function (``connectors.fleet``) so the CLI and the
+gateway share it; this module only formats.
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import msgpack
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from connectors import BrokerURL, redis_client
-from connectors.dead_letters import DeadLetterQueue
-from schemas.names import LANES, Names
+from batchfleet.connectors.fleet import (
+    FleetReader,
+    FleetSnapshot,
+    LaneView,
+    StreamStats,
+    WorkerView,
+    parse_heartbeat,
+    summarize,
+)
+from batchfleet.output import human_time
 
-#: Heartbeat fields that are the worker's counters (``WorkerStats``).
-_COUNTERS = ("batches", "computed", "succeeded", "failed", "expired", "duplicates", "retried",
-             "dead_lettered", "quarantined", "undecodable")
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStats:
-    """One lane's queue: from its stream on Redis, from the heartbeats on Kafka."""
-
-    depth: int | None
-    oldest_age_s: float | None
-    lag: int | None
-    pending: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    worker_id: str
-    host: str
-    models: tuple[str, ...]
-    device: str
-    broker: str
-    breakers: dict[str, str]
-    buffered: int
-    throughput_rps: float
-    seen_s_ago: float | None
-    up_s: float | None
-    counters: dict[str, int]
-    #: Per "model/lane": backlog, oldest_age_s, time_to_drain_s, p99_ms, as the worker saw them.
-    lanes: dict[str, dict[str, float | None]] = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class LaneView:
-    model: str
-    lane: str
-    #: Requests on the lane not finished yet (Redis: stream length; Kafka: summed lag).
-    depth: int | None
-    #: Not yet delivered to any worker (Redis: the group's lag; Kafka: same as depth).
-    lag: int | None
-    #: Delivered to a worker and not acked yet (Redis only).
-    pending: int | None
-    oldest_age_s: float | None
-    p99_ms: float | None
-    #: Depth over the rate of the workers still pulling; None when nothing drains the lane.
-    time_to_drain_s: float | None
-    #: Model-wide, repeated on each of its lanes so one row is enough for scripts.
-    throughput_rps: float
-    workers: int
-    dlq: int
-    breakers: dict[str, dict[str, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class FleetSnapshot:
-    taken_at: float
-    namespace: str
-    broker: str
-    lanes: tuple[LaneView, ...]
-    workers: tuple[WorkerView, ...]
-    undecodable: int
-    retry_scheduled: int
-
-    @property
-    def throughput_rps(self) -> float:
-        return sum(w.throughput_rps for w in self.workers)
-
-    def to_json(self) -> dict[str, Any]:
-        workers = [{k: v for k, v in asdict(w).items() if k != "lanes"} for w in self.workers]
-        return {
-            "taken_at": self.taken_at, "namespace": self.namespace, "broker": self.broker,
-            "lanes": [asdict(lane) for lane in self.lanes], "workers": workers,
-            "totals": {
-                "workers": len(self.workers), "throughput_rps": round(self.throughput_rps, 2),
-                "depth": sum(lane.depth or 0 for lane in self.lanes),
-                "dlq": sum({lane.model: lane.dlq for lane in self.lanes}.values()),
-                "undecodable": self.undecodable, "retry_scheduled": self.retry_scheduled,
-            },
-        }
-
-
-# --- pure part -------------------------------------------------------------------
-
-
-def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:
-    """A heartbeat key's value, or None when it is not one this version understands."""
-    try:
-        info = msgpack.unpackb(raw, raw=False)
-    except (ValueError, msgpack.UnpackException):
-        return None
-    if not isinstance(info, dict) or "worker_id" not in info:
-        return None
-    nested = info.get("counters")
-    source = nested if isinstance(nested, dict) else info
-    seen, started = info.get("seen_at"), info.get("started_at")
-    return WorkerView(
-        worker_id=str(info["worker_id"]), host=str(info.get("host", "")),
-        models=tuple(str(m) for m in info.get("models") or ()),
-        device=str(info.get("device", "")), broker=str(info.get("broker", "")),
-        breakers={str(k): str(v) for k, v in (info.get("breakers") or {}).items()},
-        buffered=int(info.get("buffered") or 0),
-        throughput_rps=float(info.get("throughput_rps") or 0.0),
-        seen_s_ago=max(0.0, now - float(seen)) if seen else None,
-        up_s=max(0.0, now - float(started)) if started else None,
-        counters={k: int(source.get(k) or 0) for k in _COUNTERS},
-        lanes={str(k): dict(v) for k, v in (info.get("lanes") or {}).items()
-               if isinstance(v, dict)},
-    )
-
-
-def _worst(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-def _breaker_counts(workers: Iterable[WorkerView]) -> dict[str, dict[str, int]]:
-    """Per breaker, how many of these workers have it in each state."""
-    counts: dict[str, Counter[str]] = {}
-    for w in workers:
-        for name, state in w.breakers.items():
-            counts.setdefault(name, Counter())[state] += 1
-    return {name: dict(states) for name, states in counts.items()}
-
-
-def summarize(broker: str, namespace: str, models: Iterable[str], workers: Sequence[WorkerView],
-              streams: Mapping[tuple[str, str], StreamStats], dlq: Mapping[str, int],
-              undecodable: int = 0, retry_scheduled: int = 0,
-              now: float | None = None) -> FleetSnapshot:
-    """Join heartbeats and Redis replies into one row per (model, lane). No I/O."""
-    every = sorted({*models, *dlq, *(m for w in workers for m in w.models)})
-    lanes = []
-    for model in every:
-        serving = [w for w in workers if model in w.models]
-        rate = sum(w.throughput_rps for w in serving)
-        # a worker with a breaker open pulls nothing, whatever its recent rate says
-        pulling = sum(w.throughput_rps for w in serving if "open" not in w.breakers.values())
-        breakers = _breaker_counts(serving)
-        for lane in LANES:
-            seen = [w.lanes[f"{model}/{lane}"] for w in serving if f"{model}/{lane}" in w.lanes]
-            if broker == "redis":
-                stats = streams.get((model, lane), StreamStats(0, None, 0, 0))
-            else:  # Kafka: each worker reports the lag of the partitions it owns
-                backlog = int(sum(s.get("backlog") or 0 for s in seen)) if seen else None
-                stats = StreamStats(backlog, _worst(s.get("oldest_age_s") for s in seen),
-                                    backlog, None)
-            depth, lag, pending, oldest = stats.depth, stats.lag, stats.pending, stats.oldest_age_s
-            drain = 0.0 if depth == 0 else depth / pulling if depth and pulling > 0 else None
-            lanes.append(LaneView(
-                model=model, lane=lane, depth=depth, lag=lag, pending=pending,
-                oldest_age_s=oldest, p99_ms=_worst(s.get("p99_ms") for s in seen),
-                time_to_drain_s=drain, throughput_rps=round(rate, 2), workers=len(serving),
-                dlq=int(dlq.get(model, 0)), breakers=breakers))
-    return FleetSnapshot(
-        taken_at=time.time() if now is None else now, namespace=namespace, broker=broker,
-        lanes=tuple(lanes), workers=tuple(sorted(workers, key=lambda w: w.worker_id)),
-        undecodable=undecodable, retry_scheduled=retry_scheduled)
-
-
-# --- I/O ---------------------------------------------------------------------------
-
-
-def _stream_stats(depth: Any, first: Any, groups: Any, group: bytes, now_ms: float
-                  ) -> StreamStats:
-    age = None
-    if first and not isinstance(first, Exception):
-        age = max(0.0, (now_ms - int(first[0][0].split(b"-")[0])) / 1000.0)
-    lag = pending = None
-    if isinstance(groups, list):  # an error here means no stream or no group yet
-        for info in groups:
-            if info.get("name") == group:
-                lag, pending = info.get("lag"), info.get("pending")
-    return StreamStats(int(depth or 0), age if depth else None,
-                       None if lag is None else int(lag),
-                       None if pending is None else int(pending))
-
-
-class FleetReader:
-    """Reads snapshots; keeps its Redis connections open between them (for ``--watch``)."""
-
-    def __init__(self, broker: BrokerURL, results_url: str, names: Names) -> None:
-        self._broker = broker
-        self._names = names
-        self._store = redis_client(results_url)
-        same = broker.kind == "redis" and broker.url == results_url
-        self._streams = (self._store if same else redis_client(broker.url)) \
-            if broker.kind == "redis" else None
-
-    async def close(self) -> None:
-        await self._store.aclose()
-        if self._streams is not None and self._streams is not self._store:
-            await self._streams.aclose()
-
-    async def read(self) -> FleetSnapshot:
-        names, store = self._names, self._store
-        keys = [k async for k in store.scan_iter(match=names.worker_heartbeat_pattern, count=500)]
-        dlq_models = await DeadLetterQueue(store, names).models()
-        pipe = store.pipeline(transaction=False)
-        pipe.smembers(names.model_registry)
-        pipe.xlen(names.undecodable_stream)
-        pipe.zcard(names.retry_schedule)
-        for model in dlq_models:
-            pipe.xlen(names.dead_letter_stream(model))
-        if keys:
-            pipe.mget(keys)
-        replies = await pipe.execute()
-        registry, undecodable, retry_scheduled = replies[:3]
-        sizes = dict(zip(dlq_models, replies[3:3 + len(dlq_models)], strict=True))
-        now = time.time()
-        parsed = [parse_heartbeat(raw, now) for raw in (replies[-1] if keys else []) if raw]
-        workers = [w for w in parsed if w is not None]
-        models = {m.decode() if isinstance(m, bytes) else str(m) for m in registry}
-        every = sorted({*models, *sizes, *(m for w in workers for m in w.models)})
-        streams = await self._read_streams(every) if self._streams is not None else {}
-        return summarize(self._broker.kind, names.prefix, models, workers, streams, sizes,
-                         int(undecodable), int(retry_scheduled), now)
-
-    async def _read_streams(self, models: Sequence[str]) -> dict[tuple[str, str], StreamStats]:
-        assert self._streams is not None
-        lanes = [(m, lane) for m in models for lane in LANES]
-        pipe = self._streams.pipeline(transaction=False)
-        for model, lane in lanes:
-            stream = self._names.stream(model, lane)
-            pipe.xlen(stream)
-            pipe.xrange(stream, count=1)
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-        for reply in replies[0::3]:
-            if isinstance(reply, Exception):
-                raise reply
-        group, now_ms = self._names.consumer_group.encode(), time.time() * 1000.0
-        return {lane: _stream_stats(replies[3 * i], replies[3 * i + 1], replies[3 * i + 2],
-                                    group, now_ms)
-                for i, lane in enumerate(lanes)}
+__all__ = ["FleetReader", "FleetSnapshot", "LaneView", "StreamStats", "WorkerView",
+           "lanes_table", "parse_heartbeat", "render", "summarize", "workers_table"]
 
 
 # --- rendering ------------------------------------------------------------------------
@@ -296,22 +54,36 @@ def _breakers(states: Mapping[str, Mapping[str, int]], workers: int) -> Text:
     return Text(", ".join(bad), style="bold red") if bad else Text("closed", style="green")
 
 
-def lanes_table(snap: FleetSnapshot) -> Table:
-    when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
-    table = Table(title=f"batchfleet · {snap.namespace} on {snap.broker} · {when}",
-                  caption=f"{len(snap.workers)} worker(s) · {snap.throughput_rps:,.1f} req/s · "
-                          f"{snap.retry_scheduled} waiting to retry · "
-                          f"{snap.undecodable} undecodable")
-    for col in ("model", "lane", "depth", "lag", "oldest", "req/s", "p99 ms", "drain",
-                "breakers", "dlq", "workers"):
-        table.add_column(col, justify="left" if col in ("model", "lane", "breakers") else "right")
+def _table(title: str | None, columns: Sequence[tuple[str, bool]], *, no_headers: bool,
+           caption: str | None = None) -> Table:
+    """A table whose cells fold, never cut (an ID copied from it is whole); with
+    ``no_headers``, no title, caption, header row or box: plain rows for scripts."""
+    table = Table(title=None if no_headers else title, caption=None if no_headers else caption,
+                  show_header=not no_headers, box=None if no_headers else box.HEAVY_HEAD)
+    for col, right in columns:
+        table.add_column(col, justify="right" if right else "left", overflow="fold")
+    return table
+
+
+def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Table:
+    """One row per lane; ``wide`` adds the pending (delivered, unacked) count."""
+    table = _table(f"batchfleet · {snap.namespace} on {snap.broker} · "
+                   f"{human_time(snap.taken_at)}",
+                   [(col, col not in ("model", "lane", "breakers")) for col in (
+                       "model", "lane", "depth", *(("pending",) if wide else ()), "lag",
+                       "oldest", "req/s", "p99 ms", "drain", "breakers", "dlq", "workers")],
+                   no_headers=no_headers,
+                   caption=f"{len(snap.workers)} worker(s) · {snap.throughput_rps:,.1f} req/s "
+                           f"· {snap.retry_scheduled} waiting to retry · "
+                           f"{snap.undecodable} undecodable")
     previous = None
     for lane in snap.lanes:
-        first = lane.model != previous
+        first = lane.model != previous or no_headers  # scripts get every cell on every row
         previous = lane.model
         table.add_row(
             lane.model if first else "", lane.lane,
-            Text(_num(lane.depth), style="yellow" if lane.depth else ""), _num(lane.lag),
+            Text(_num(lane.depth), style="yellow" if lane.depth else ""),
+            *((_num(lane.pending),) if wide else ()), _num(lane.lag),
             _age(lane.oldest_age_s),
             _num(lane.throughput_rps, "{:,.1f}") if first else "",
             _num(lane.p99_ms, "{:,.1f}"), _age(lane.time_to_drain_s),
@@ -321,23 +93,29 @@ def lanes_table(snap: FleetSnapshot) -> Table:
     return table
 
 
-def workers_table(snap: FleetSnapshot) -> Table:
-    table = Table(title="workers")
-    for col in ("worker", "host", "device", "models", "breakers", "buffered", "req/s", "ok",
-                "failed", "dlq'd", "seen"):
-        table.add_column(col, justify="right" if col in ("buffered", "req/s", "ok", "failed",
-                                                          "dlq'd", "seen") else "left")
+def workers_table(snap: FleetSnapshot, *, wide: bool = False,
+                  no_headers: bool = False) -> Table:
+    """One row per live worker, its full ID first; ``wide`` adds broker and uptime."""
+    right = ("buffered", "req/s", "ok", "failed", "dlq'd", "seen", "up")
+    table = _table("workers", [(col, col in right) for col in (
+        "worker", "host", "device", *(("broker",) if wide else ()), "models", "breakers",
+        "buffered", "req/s", "ok", "failed", "dlq'd", "seen", *(("up",) if wide else ()))],
+        no_headers=no_headers)
     for w in snap.workers:
         states = {name: {state: 1} for name, state in w.breakers.items()}
-        table.add_row(w.worker_id, w.host, w.device, ", ".join(w.models), _breakers(states, 1),
+        table.add_row(w.worker_id, w.host, w.device, *((w.broker,) if wide else ()),
+                      ", ".join(w.models), _breakers(states, 1),
                       str(w.buffered), f"{w.throughput_rps:,.1f}",
                       f"{w.counters['succeeded']:,}", f"{w.counters['failed']:,}",
-                      f"{w.counters['dead_lettered']:,}", _age(w.seen_s_ago))
+                      f"{w.counters['dead_lettered']:,}", _age(w.seen_s_ago),
+                      *((_age(w.up_s),) if wide else ()))
     return table
 
 
-def render(snap: FleetSnapshot) -> Group:
+def render(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Group:
     """The lanes table, then the workers table (omitted while no worker is alive)."""
-    if not snap.workers:
-        return Group(lanes_table(snap), Text("no live workers", style="bold red"))
-    return Group(lanes_table(snap), workers_table(snap))
+    lanes = lanes_table(snap, wide=wide, no_headers=no_headers)
+    if not snap.workers:  # said in words, except to scripts (their rows are the lanes)
+        return Group(lanes, *(() if no_headers else (Text("no live workers",
+                                                          style="bold red"),)))
+    return Group(lanes, workers_table(snap, wide=wide, no_headers=no_headers))

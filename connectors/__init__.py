@@ -1,42 +1,80 @@
-"""Broker adapters (Redis Streams, Kafka) and the Redis result store.
+"""Broker adapters (Redis Streams, Kafka) and the control plane (Redis today).
 
 Both ``producers`` and ``workers`` use these; neither imports the other. The
-``open_*`` factories are the only place that turns a URL into a transport.
+``open_*`` factories are the only place that turns a URL into a transport, and
+nothing above this package holds a driver client (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import redis.asyncio as aioredis
 
-from connectors.broker import Consumer, Delivery, LaneBacklog, OutboundMessage, Publisher
-from connectors.redis_streams import RedisStreamsConsumer, RedisStreamsPublisher
-from connectors.result_store import DEFAULT_TTL_S, ResultStore, SubmitState, TerminalWrite
-from connectors.urls import BrokerURL, results_url_for
-from schemas.names import Names
+from batchfleet.connectors.broker import Consumer, Delivery, LaneBacklog, OutboundMessage, Publisher
+from batchfleet.connectors.control_plane import FACTORIES, ControlPlane, open_control_plane
+from batchfleet.connectors.redis_plane import RedisControlPlane, redis_control_plane
+from batchfleet.connectors.redis_streams import RedisStreamsConsumer, RedisStreamsPublisher
+from batchfleet.connectors.result_store import (
+    DEFAULT_TTL_S,
+    ResultStore,
+    SubmitState,
+    TerminalWrite,
+)
+from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import Names
 
 
-def redis_client(url: str) -> aioredis.Redis:
+def redis_client(url: str, max_connections: int | None = None,
+                 pool_timeout_s: float = 5.0) -> aioredis.Redis:
     """A binary-safe asyncio Redis client (hiredis-parsed when installed).
 
     Socket timeouts bound every call, so a wedged connection surfaces as an error
     (which the callers retry) instead of a hang; they sit far above XREADGROUP's
-    100 ms BLOCK.
+    100 ms BLOCK. With ``max_connections`` the pool blocks (up to ``pool_timeout_s``)
+    for a free connection instead of failing "Too many connections" (the gateway).
     """
-    return aioredis.Redis.from_url(
-        url, decode_responses=False, socket_keepalive=True, health_check_interval=30,
-        socket_timeout=30, socket_connect_timeout=5,
-    )
+    options: dict[str, Any] = {
+        "decode_responses": False, "socket_keepalive": True, "health_check_interval": 30,
+        "socket_timeout": 30, "socket_connect_timeout": 5}
+    if max_connections is None:
+        return aioredis.Redis.from_url(url, **options)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=pool_timeout_s, **options)
+    return aioredis.Redis.from_pool(pool)
 
 
-def open_result_store(url: str, names: Names, ttl_s: int = DEFAULT_TTL_S) -> ResultStore:
-    return ResultStore(redis_client(url), names, ttl_s)
+def open_result_store(url: str, names: Names, ttl_s: int = DEFAULT_TTL_S,
+                      max_connections: int | None = None) -> ResultStore:
+    return ResultStore(redis_client(url, max_connections), names, ttl_s)
+
+
+def control_plane_for(store: ResultStore) -> RedisControlPlane:
+    """Every control-plane seam over an open result store's connections."""
+    return redis_control_plane(store)
+
+
+@contextmanager
+def _kafka_extra() -> Iterator[None]:
+    """aiokafka is an extra: a kafka:// URL without it is a config error that names it."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "aiokafka":
+            raise
+        raise ConfigError(
+            "kafka:// brokers need the kafka extra: pip install 'batchfleet[kafka]'") from exc
 
 
 def open_publisher(
     broker: BrokerURL, names: Names, *, max_stream_len: int | None = None, partitions: int = 4
 ) -> Publisher:
     if broker.kind == "kafka":
-        from connectors.kafka_publisher import KafkaPublisher
+        with _kafka_extra():
+            from batchfleet.connectors.kafka_publisher import KafkaPublisher
 
         return KafkaPublisher(broker.kafka_bootstrap, names, partitions=partitions)
     return RedisStreamsPublisher(redis_client(broker.url), names, max_stream_len)
@@ -52,7 +90,8 @@ def open_consumer(
     kafka_session_timeout_ms: int = 10_000,
 ) -> Consumer:
     if broker.kind == "kafka":
-        from connectors.kafka import KafkaConsumer
+        with _kafka_extra():
+            from batchfleet.connectors.kafka import KafkaConsumer
 
         return KafkaConsumer(broker.kafka_bootstrap, names, consumer_name, partitions=partitions,
                              session_timeout_ms=kafka_session_timeout_ms)
@@ -63,8 +102,10 @@ def open_consumer(
 
 __all__ = [
     "DEFAULT_TTL_S",
+    "FACTORIES",
     "BrokerURL",
     "Consumer",
+    "ControlPlane",
     "Delivery",
     "LaneBacklog",
     "OutboundMessage",
@@ -72,7 +113,9 @@ __all__ = [
     "ResultStore",
     "SubmitState",
     "TerminalWrite",
+    "control_plane_for",
     "open_consumer",
+    "open_control_plane",
     "open_publisher",
     "open_result_store",
     "redis_client",

@@ -19,6 +19,8 @@ class OutboundMessage:
     lane: str
     key: str
     payload: bytes
+    #: The request's W3C trace context, sent as a Kafka header too (tracing on).
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -67,9 +69,18 @@ class Consumer(Protocol):
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None: ...
 
-    async def pause(self) -> None: ...
+    async def keep_alive(self, deliveries: Sequence[Delivery]) -> None:
+        """Keep held deliveries from being reclaimed by other consumers (their holder is
+        alive); raises TransportError when the broker cannot be told."""
+        ...
 
-    async def resume(self) -> None: ...
+    async def pause(self, models: Sequence[str] | None = None) -> None:
+        """Stop pulling these models' lanes (every lane when None); others keep flowing."""
+        ...
+
+    async def resume(self, models: Sequence[str] | None = None) -> None:
+        """Pull these models' lanes again (every lane when None)."""
+        ...
 
     async def backlog(self) -> list[LaneBacklog]: ...
 

@@ -6,6 +6,15 @@ dead-lettered request also gets its terminal ``failed`` result, so no caller
 waits forever; ``batchfleet dlq replay`` can later re-run it (see
 ``ResultStore.reopen_for_replay`` for the generation that makes that safe).
 
+One entry per request ID and generation: :meth:`DeadLetterQueue.add` is one
+Lua call that appends a letter only if the result record has not yet been
+dead-lettered at that generation (field ``dlq``), is not terminal, and is not
+at a newer generation (a stale copy, superseded by a replay). So a crashed
+completion that runs again, or two copies of one request that both exhaust
+their retries, leave a single entry. Readers page through a stream with
+``XRANGE`` and a cursor; the models with dead letters are kept in a set
+(``bf:dlq:_models``), so nothing scans the keyspace.
+
 ``bf:dlq:_undecodable`` keeps messages that yielded no request ID at all, with
 their raw bytes and the reason, so they are never silently dropped.
 """
@@ -13,19 +22,64 @@ their raw bytes and the reason, so they are never silently dropped.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
-from schemas.errors import ResultStoreError
-from schemas.names import Names
+from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.schemas.errors import ResultStoreError
+from batchfleet.schemas.names import Names
 
 #: Garbage should not grow without bound: the oldest undecodable messages go first.
 UNDECODABLE_MAXLEN = 100_000
+#: XRANGE page size for readers: bounded replies however long a DLQ grows.
+PAGE = 500
+#: Fields per letter in ``_ADD`` (after the generation that leads them).
+_FIELDS = ("id", "model", "envelope", "attempts", "errors", "reason", "at")
+
+#: KEYS: the model set, then per letter its result record and DLQ stream. ARGV[1]: the
+#: record TTL if the letter creates it; then per letter the generation and _FIELDS.
+_ADD = """
+local ttl = tonumber(ARGV[1])
+local out = {}
+local a = 2
+for i = 2, #KEYS, 2 do
+  local record, stream = KEYS[i], KEYS[i + 1]
+  local gen = tonumber(ARGV[a])
+  local cur = redis.call('HMGET', record, 'status', 'gen', 'dlq')
+  local cur_gen = tonumber(cur[2]) or 0
+  if gen < cur_gen then
+    out[#out + 1] = -1
+  elseif (tonumber(cur[3]) or -1) >= gen or (cur[1] and cur[1] ~= 'pending') then
+    out[#out + 1] = 0
+  else
+    redis.call('XADD', stream, '*', 'id', ARGV[a + 1], 'model', ARGV[a + 2],
+      'envelope', ARGV[a + 3], 'attempts', ARGV[a + 4], 'errors', ARGV[a + 5],
+      'reason', ARGV[a + 6], 'at', ARGV[a + 7], 'gen', ARGV[a])
+    redis.call('SADD', KEYS[1], ARGV[a + 2])
+    redis.call('HSET', record, 'dlq', ARGV[a])
+    if redis.call('TTL', record) < 0 then redis.call('EXPIRE', record, ttl) end
+    out[#out + 1] = 1
+  end
+  a = a + 8
+end
+return out
+"""
+
+
+class Lettered(IntEnum):
+    """What ``DeadLetterQueue.add`` did with one letter."""
+
+    #: The record is at a newer generation (replayed): this copy is superseded, drop it.
+    STALE = -1
+    #: Already dead-lettered at this generation, or already terminal: no second entry.
+    KNOWN = 0
+    ADDED = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +101,8 @@ class DeadLetter:
     reason: str
     dead_at: float = field(default_factory=time.time)
     entry_id: str = ""
+    #: The request's generation: at most one letter per (request ID, generation).
+    generation: int = 0
 
     @property
     def last_error_type(self) -> str:
@@ -69,58 +125,110 @@ class UndecodableSink:
                 {"raw": item.raw, "reason": item.reason, "source": item.source, "at": now},
                 maxlen=UNDECODABLE_MAXLEN, approximate=True,
             )
-        try:
+        with wrap_errors(ResultStoreError, "cannot write the dead-letter stream"):
             await pipe.execute()
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot write the dead-letter stream: {exc}") from exc
+
+    @wrap_errors(ResultStoreError, "cannot read the dead-letter stream")
+    async def size(self) -> int:
+        return int(await self._redis.xlen(self._stream))
 
 
 class DeadLetterQueue:
     """Per-model dead-letter streams in the result store's Redis."""
 
-    def __init__(self, client: aioredis.Redis, names: Names) -> None:
+    def __init__(self, client: aioredis.Redis, names: Names, record_ttl_s: int = 24 * 3600
+                 ) -> None:
         self._redis = client
         self._names = names
+        self._models_key = names.dead_letter_stream("_models")
+        self._ttl_s = record_ttl_s
+        self._add = client.register_script(_ADD)
 
-    async def add(self, letters: Sequence[DeadLetter]) -> None:
+    async def add(self, letters: Sequence[DeadLetter]) -> list[Lettered]:
+        """Append each letter unless its (request ID, generation) already has one, its
+        record is terminal, or a replay superseded it; one atomic call for the batch."""
         if not letters:
-            return
-        pipe = self._redis.pipeline(transaction=False)
+            return []
+        keys = [self._models_key]
+        args: list[Any] = [self._ttl_s]
         for dl in letters:
-            pipe.xadd(self._names.dead_letter_stream(dl.model), {
-                "id": dl.request_id, "model": dl.model, "envelope": dl.envelope,
-                "attempts": dl.attempts, "errors": msgpack.packb(dl.errors),
-                "reason": dl.reason, "at": repr(dl.dead_at),
-            })
-        try:
-            await pipe.execute()
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot write the dead-letter queue: {exc}") from exc
+            keys += [self._names.result(dl.request_id), self._names.dead_letter_stream(dl.model)]
+            args += [dl.generation, dl.request_id, dl.model, dl.envelope, dl.attempts,
+                     msgpack.packb(dl.errors), dl.reason, repr(dl.dead_at)]
+        with wrap_errors(ResultStoreError, "cannot write the dead-letter queue"):
+            return [Lettered(int(x)) for x in await self._add(keys=keys, args=args)]
 
     async def models(self) -> list[str]:
-        prefix = self._names.dead_letter_stream("")
-        found = [key.decode() async for key in self._redis.scan_iter(
-            match=self._names.dead_letter_pattern, _type="stream")]
-        return sorted(k[len(prefix):] for k in found if k != self._names.undecodable_stream)
+        """Models with dead letters: those ever dead-lettered (a set kept by :meth:`add`)
+        plus the registered ones, for letters written before the set existed."""
+        with wrap_errors(ResultStoreError, "cannot list dead-letter queues"):
+            found = {_text(m) for m in await self._redis.smembers(self._models_key)}
+            found |= await RedisModelRegistry(self._redis, self._names).names()
+            ordered = sorted(found)
+            pipe = self._redis.pipeline(transaction=False)
+            for model in ordered:
+                pipe.xlen(self._names.dead_letter_stream(model))
+            sizes = await pipe.execute()
+        return [m for m, size in zip(ordered, sizes, strict=True) if size]
 
-    async def list(self, model: str, count: int = 1000) -> list[DeadLetter]:
-        entries: Any = await self._redis.xrange(self._names.dead_letter_stream(model), count=count)
-        return [_letter(entry_id, fields) for entry_id, fields in entries or ()]
+    async def pages(self, model: str, page: int = PAGE, after: str = ""
+                    ) -> AsyncIterator[list[DeadLetter]]:
+        """Every letter of a model (past the entry ID ``after``), oldest first, ``page`` at
+        a time (XRANGE from a cursor): bounded replies at any size, and entries removed
+        meanwhile are fine."""
+        stream = self._names.dead_letter_stream(model)
+        start = f"({after}" if after else "-"
+        while True:
+            with wrap_errors(ResultStoreError, "cannot read the dead-letter queue"):
+                entries: Any = await self._redis.xrange(stream, min=start, count=page)
+            if not entries:
+                return
+            yield [_letter(entry_id, fields) for entry_id, fields in entries]
+            if len(entries) < page:
+                return
+            start = "(" + _text(entries[-1][0])
 
+    async def list(self, model: str) -> list[DeadLetter]:
+        """All of a model's letters (paged underneath)."""
+        return [dl async for batch in self.pages(model) for dl in batch]
+
+    @wrap_errors(ResultStoreError, "cannot read the dead-letter queue")
     async def size(self, model: str) -> int:
         return int(await self._redis.xlen(self._names.dead_letter_stream(model)))
 
+    @wrap_errors(ResultStoreError, "cannot read the dead-letter queues")
+    async def sizes(self, models: Sequence[str]) -> dict[str, int]:
+        """Letters per model in one round trip (the fleet reader's DLQ column)."""
+        if not models:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for model in models:
+            pipe.xlen(self._names.dead_letter_stream(model))
+        return {m: int(n) for m, n in zip(models, await pipe.execute(), strict=True)}
+
     async def remove(self, letters: Sequence[DeadLetter]) -> int:
+        if not letters:
+            return 0
         pipe = self._redis.pipeline(transaction=False)
         for dl in letters:
             pipe.xdel(self._names.dead_letter_stream(dl.model), dl.entry_id)
-        return sum(await pipe.execute())
+        with wrap_errors(ResultStoreError, "cannot remove dead letters"):
+            return sum(await pipe.execute())
 
     async def purge(self, model: str) -> int:
+        """Drop a model's whole DLQ; counted and dropped atomically, so a letter added
+        meanwhile is either counted and gone or kept."""
         stream = self._names.dead_letter_stream(model)
-        size = await self._redis.xlen(stream)
-        await self._redis.delete(stream)
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.xlen(stream)
+        pipe.unlink(stream)
+        with wrap_errors(ResultStoreError, "cannot purge the dead-letter queue"):
+            size, _ = await pipe.execute()
         return int(size)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
@@ -129,5 +237,5 @@ def _letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
         envelope=fields[b"envelope"], attempts=int(fields[b"attempts"]),
         errors=msgpack.unpackb(fields[b"errors"], raw=False),
         reason=fields[b"reason"].decode(), dead_at=float(fields[b"at"]),
-        entry_id=entry_id.decode(),
+        entry_id=entry_id.decode(), generation=int(fields.get(b"gen", b"0")),
     )

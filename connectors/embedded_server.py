@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
 
 def free_port() -> int:

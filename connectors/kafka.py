@@ -15,7 +15,8 @@ Why it looks the way it does:
 * Lag comes from the highwater each fetch response carries (Tansu's
   ``end_offsets`` can be low); ``end_offsets`` is only asked where that is
   missing or stale (never fetched yet, or paused).
-* While paused, ``fetch`` keeps polling with every partition paused: a member
+* Pausing is per model (its breaker opened): only that model's partitions are
+  paused. While every one is paused, ``fetch`` keeps polling all the same: a member
   that stops polling for ``max_poll_interval_ms`` (5 min) is dropped from the group.
 """
 
@@ -35,10 +36,10 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from connectors.broker import Delivery, LaneBacklog
-from connectors.kafka_publisher import ensure_topics
-from schemas.errors import TransportError
-from schemas.names import LANE_INTERACTIVE, LANES, Names
+from batchfleet.connectors.broker import Delivery, LaneBacklog
+from batchfleet.connectors.kafka_publisher import ensure_topics
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import LANE_INTERACTIVE, LANES, Names
 
 log = structlog.get_logger("batchfleet.kafka")
 
@@ -109,7 +110,8 @@ class KafkaConsumer:
         self._topics: dict[str, tuple[str, str]] = {}
         self._parts: dict[TopicPartition, _Partition] = {}
         self._interactive: list[TopicPartition] = []
-        self._paused = False
+        #: Models whose partitions are paused, now and after any rebalance.
+        self._paused: set[str] = set()
         self._commit_lock = asyncio.Lock()
 
     async def start(self, models: Sequence[str]) -> None:
@@ -142,13 +144,13 @@ class KafkaConsumer:
         """Interactive partitions first, then anything; ``[]`` after ``timeout_s`` if idle.
 
         While paused the broker is still polled (so the group sees this member as
-        alive) but every partition is paused, so nothing comes back.
+        alive) but paused partitions return nothing.
         """
         out: list[Delivery] = []
         if max_count < 1:
             return out
-        if self._interactive and not self._paused:
-            out = self._deliveries(await self._getmany(self._interactive, max_count, 0.0))
+        if interactive := [tp for tp in self._interactive if not self._is_paused(tp)]:
+            out = self._deliveries(await self._getmany(interactive, max_count, 0.0))
         if len(out) < max_count:
             wait_s = 0.0 if out else timeout_s
             out.extend(self._deliveries(await self._getmany((), max_count - len(out), wait_s)))
@@ -248,19 +250,37 @@ class KafkaConsumer:
             (tp for tp in assigned if self._topics.get(tp.topic, ("", ""))[1] == LANE_INTERACTIVE),
             key=lambda tp: (tp.topic, tp.partition),
         )
-        if self._paused and assigned and self._consumer is not None:
-            self._consumer.pause(*assigned)
+        paused = [tp for tp in assigned if self._is_paused(tp)]
+        if paused and self._consumer is not None:
+            self._consumer.pause(*paused)
 
-    async def pause(self) -> None:
-        """Stop fetching from every partition, now and after rebalances, but stay in the group."""
-        self._paused = True
-        if self._consumer is not None and (assignment := self._consumer.assignment()):
-            self._consumer.pause(*assignment)
+    def _is_paused(self, tp: TopicPartition) -> bool:
+        # a version lane ("m@v2") pauses with its model
+        return self._topics.get(tp.topic, ("", ""))[0].partition("@")[0] in self._paused
 
-    async def resume(self) -> None:
-        self._paused = False
-        if self._consumer is not None and (assignment := self._consumer.assignment()):
-            self._consumer.resume(*assignment)
+    async def pause(self, models: Sequence[str] | None = None) -> None:
+        """Stop fetching these models' partitions (all when None), now and after
+        rebalances, but stay in the group."""
+        self._paused.update(models if models is not None else
+                            {m for m, _ in self._topics.values()})
+        if self._consumer is not None and (
+                tps := [tp for tp in self._consumer.assignment() if self._is_paused(tp)]):
+            self._consumer.pause(*tps)
+
+    async def resume(self, models: Sequence[str] | None = None) -> None:
+        """Fetch these models' partitions (all when None) again."""
+        if self._consumer is not None:
+            tps = [tp for tp in self._consumer.assignment() if self._is_paused(tp) and (
+                models is None or self._topics[tp.topic][0].partition("@")[0] in models)]
+            if tps:
+                self._consumer.resume(*tps)
+        if models is None:
+            self._paused.clear()
+        else:
+            self._paused.difference_update(models)
+
+    async def keep_alive(self, deliveries: Sequence[Delivery]) -> None:
+        """Nothing to do: a partition is ours until a rebalance, however long we hold it."""
 
     async def backlog(self) -> list[LaneBacklog]:
         """Unfinished messages per lane: end of log minus the lowest offset not yet acked.
@@ -274,7 +294,7 @@ class KafkaConsumer:
         highwater = {tp: consumer.highwater(tp) for tp in consumer.assignment()}
         depth = dict.fromkeys(self._topics.values(), 0)
         try:
-            stale = [tp for tp, hw in highwater.items() if hw is None or self._paused]
+            stale = [tp for tp, hw in highwater.items() if hw is None or self._is_paused(tp)]
             ends = await consumer.end_offsets(stale) if stale else {}
             for tp, hw in highwater.items():
                 part = self._parts.get(tp)

@@ -18,9 +18,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
-from connectors.broker import OutboundMessage
-from schemas.errors import TransportError
-from schemas.names import Names
+from batchfleet.connectors.broker import OutboundMessage
+from batchfleet.connectors.tracing import carrier_headers
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import Names
 
 #: Room for the worker's 16 MiB message limit plus headers. The broker's
 #: ``message.max.bytes`` (1 MB by default) must be raised to match for big tensors.
@@ -94,7 +95,8 @@ class KafkaPublisher:
             await self._prepare(topics)
         try:
             futures = [
-                await self._producer.send(topic, value=m.payload, key=m.key.encode())
+                await self._producer.send(topic, value=m.payload, key=m.key.encode(),
+                                          headers=carrier_headers(m.traceparent))
                 for topic, m in zip(topics, messages, strict=True)
             ]
         except KafkaError as exc:

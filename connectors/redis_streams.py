@@ -6,6 +6,13 @@ yet finished and its length is the backlog. Producers add no ``MAXLEN`` by
 default, because trimming would drop requests nobody has answered; set
 ``max_stream_len`` to cap memory when losing the oldest backlog is acceptable.
 Crashed consumers' entries are taken over with ``XAUTOCLAIM`` once idle.
+
+Self-healing: when Redis loses its data (restarted without persistence, flushed,
+or a stream key evicted) the consumer group is gone and ``XREADGROUP`` answers
+``NOGROUP``. The consumer then recreates the group (and the stream) in place and
+notes the moment in :attr:`RedisStreamsConsumer.lane_losses`, which the worker
+writes to the result store (``Names.lane_loss``) so that waiters of the requests
+lost with it stop waiting (``RequestLostError``).
 """
 
 from __future__ import annotations
@@ -15,13 +22,32 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import RedisError, ResponseError
 
-from connectors.broker import Delivery, LaneBacklog, OutboundMessage
-from schemas.errors import TransportError
-from schemas.names import LANES, Names
+from batchfleet.connectors.broker import Delivery, LaneBacklog, OutboundMessage
+from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
+from batchfleet.schemas.envelopes import peek_header
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import LANES, Names, lane_loss_field
 
 PAYLOAD_FIELD = b"p"
+#: A lane recreated with entries already in it (producers added them after the loss):
+#: the loss moment is the earliest ``enqueued_at`` among its first entries that were
+#: added within this long of being enqueued (a retry republished later keeps its old
+#: ``enqueued_at`` and must not count); failing that, this long before the first entry.
+LOSS_MARGIN_MS = 1000
+#: How many of a recreated lane's first entries are looked at for that.
+_LOSS_PEEK = 100
+
+log = structlog.get_logger("batchfleet.redis_streams")
+
+
+def group_lost(exc: ResponseError) -> bool:
+    """The group or its stream is gone: Redis lost its data, or the key was deleted."""
+    text = str(exc)
+    return text.startswith("NOGROUP") or text.startswith("UNBLOCKED")
 
 
 #: XADD a whole chunk in one command: KEYS are the streams, ARGV[1] the MAXLEN (0: none),
@@ -69,10 +95,12 @@ class RedisStreamsPublisher:
         for payloads in by_stream.values():
             args.append(len(payloads))
             args.extend(payloads)
-        try:
+        with wrap_errors(TransportError, "XADD to Redis failed"):
             await self._xadd_many(keys=list(by_stream), args=args)
-        except RedisError as exc:
-            raise TransportError(f"XADD to Redis failed: {exc}") from exc
+
+    async def pressure(self, lanes: Sequence[tuple[str, str]]) -> RedisPressure:
+        """Memory and the depth of these (model, lane)s, in one round trip (admission)."""
+        return await read_pressure(self._redis, self._names, lanes)
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -100,6 +128,11 @@ class RedisStreamsConsumer:
         self._claim_interval_s = claim_interval_s or min(5.0, claim_idle_ms / 2000.0)
         self._next_claim = 0.0
         self._streams: dict[bytes, tuple[str, str]] = {}
+        #: ``{model}:{lane}`` -> epoch ms of lanes recreated after a loss, not yet recorded
+        #: in the store (the worker's heartbeat drains this; see ``Names.lane_loss``).
+        self.lane_losses: dict[str, int] = {}
+        #: Models whose lanes are paused (their breaker is open): left out of every read.
+        self._paused: set[str] = set()
 
     async def start(self, models: Sequence[str]) -> None:
         """Create the consumer group on every lane (idempotent: BUSYGROUP is fine)."""
@@ -116,22 +149,65 @@ class RedisStreamsConsumer:
                     raise TransportError(f"Redis unreachable: {exc}") from exc
 
     async def fetch(self, max_count: int, timeout_s: float) -> list[Delivery]:
-        """Orphans first (when a reclaim is due), then new entries, interactive lanes first."""
+        """Orphans first (when a reclaim is due), then new entries, interactive lanes first.
+
+        A lost group (NOGROUP, or a blocked read UNBLOCKED by the key's deletion) is
+        recreated here, so the worker keeps serving on the same process."""
+        out: list[Delivery] = []
         try:
-            out = await self._reclaim(max_count) if time.monotonic() >= self._next_claim else []
-            if len(out) < max_count:
+            if time.monotonic() >= self._next_claim:
+                out = await self._reclaim(max_count)
+            streams: dict[Any, Any] = self._live({stream: ">" for stream in self._streams})
+            if len(out) < max_count and streams:  # none when every lane is paused
                 block_ms = 0 if out else max(1, int(timeout_s * 1000))
                 reply = await self._redis.xreadgroup(
                     self._group,
                     self._consumer,
-                    {stream: ">" for stream in self._streams},
+                    streams,
                     count=max_count - len(out),
                     block=None if block_ms == 0 else block_ms,
                 )
                 out.extend(self._deliveries(reply))
+        except ResponseError as exc:
+            if not group_lost(exc):
+                raise TransportError(f"XREADGROUP failed: {exc}") from exc
+            await self.recover()
         except RedisError as exc:
             raise TransportError(f"XREADGROUP failed: {exc}") from exc
         return out
+
+    async def recover(self) -> list[str]:
+        """Recreate every lost group (and stream) in place; returns the lanes recreated.
+
+        Each lane is one transaction: create the group at ``0`` (entries producers added
+        since the loss are served), read its first entries and the server's clock. Entries
+        enqueued before the loss are gone; that moment (see :func:`loss_moment`) is noted
+        in :attr:`lane_losses`.
+        One warning per recovery, not one per failed read."""
+        recreated: list[str] = []
+        for stream, (model, lane) in self._streams.items():
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.xgroup_create(stream, self._group, id="0", mkstream=True)
+            pipe.xrange(stream, count=_LOSS_PEEK)
+            pipe.time()
+            try:
+                created, first, (secs, micros) = await pipe.execute(raise_on_error=False)
+            except RedisError as exc:
+                raise TransportError(f"cannot recreate group on {stream!r}: {exc}") from exc
+            if isinstance(created, ResponseError):
+                if "BUSYGROUP" in str(created):
+                    continue
+                raise TransportError(f"cannot recreate group on {stream!r}: {created}")
+            now_ms = int(secs) * 1000 + int(micros) // 1000
+            lost_before = min(now_ms, loss_moment(first)) if first else now_ms
+            key = lane_loss_field(model, lane)
+            self.lane_losses[key] = max(lost_before, self.lane_losses.get(key, 0))
+            recreated.append(key)
+        if recreated:
+            log.warning("consumer group lost (Redis restarted empty, flushed, or the stream "
+                        "evicted); recreated it: requests queued there before now are lost "
+                        "and their waiters told so", lanes=recreated, group=self._group)
+        return recreated
 
     def _deliveries(self, reply: Any) -> list[Delivery]:
         out: list[Delivery] = []
@@ -147,7 +223,7 @@ class RedisStreamsConsumer:
         """Take over entries other consumers left idle too long (they crashed or hung)."""
         self._next_claim = time.monotonic() + self._claim_interval_s
         out: list[Delivery] = []
-        for stream, (model, lane) in self._streams.items():
+        for stream, (model, lane) in self._live(self._streams).items():
             cursor: Any = "0-0"
             while len(out) < max_count:
                 cursor, entries, deleted = await self._redis.xautoclaim(
@@ -165,28 +241,49 @@ class RedisStreamsConsumer:
                     break
         return out
 
+    async def keep_alive(self, deliveries: Sequence[Delivery]) -> None:
+        """Reset the idle time of held entries: ``XCLAIM`` to ourselves with min-idle 0
+        and JUSTID (no delivery count bump), per stream, in one round trip. An entry
+        acked meanwhile is simply not claimed."""
+        if not deliveries:
+            return
+        by_stream = _entries_by_stream(deliveries)
+        pipe = self._redis.pipeline(transaction=False)
+        for stream, ids in by_stream.items():
+            pipe.xclaim(stream, self._group, self._consumer, 0, ids, justid=True)
+        with wrap_errors(TransportError, "XCLAIM (lease refresh) failed"):
+            await pipe.execute()
+
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         """XACK and XDEL every delivery of a batch in one round trip."""
         if not deliveries:
             return
-        by_stream: dict[bytes, list[Any]] = {}
-        for d in deliveries:
-            stream, entry_id = d.token
-            by_stream.setdefault(stream, []).append(entry_id)
+        by_stream = _entries_by_stream(deliveries)
         pipe = self._redis.pipeline(transaction=True)  # never acked-but-not-deleted
         for stream, ids in by_stream.items():
             pipe.xack(stream, self._group, *ids)
             pipe.xdel(stream, *ids)
-        try:
+        with wrap_errors(TransportError, "XACK failed"):
             await pipe.execute()
-        except RedisError as exc:
-            raise TransportError(f"XACK failed: {exc}") from exc
 
-    async def pause(self) -> None:
-        """Nothing to do: a paused worker simply stops calling XREADGROUP."""
+    async def pause(self, models: Sequence[str] | None = None) -> None:
+        """Leave these models' streams (all when None) out of XREADGROUP and XAUTOCLAIM."""
+        self._paused.update(models if models is not None else
+                            {m for m, _ in self._streams.values()})
 
-    async def resume(self) -> None:
-        """Nothing to do: see :meth:`pause`."""
+    async def resume(self, models: Sequence[str] | None = None) -> None:
+        """Read these models' streams (all when None) again."""
+        if models is None:
+            self._paused.clear()
+        else:
+            self._paused.difference_update(models)
+
+    def _live(self, streams: dict[bytes, Any]) -> dict[bytes, Any]:
+        if not self._paused:
+            return streams
+        # a version lane ("m@v2") pauses with its model
+        return {k: v for k, v in streams.items()
+                if self._streams[k][0].partition("@")[0] not in self._paused}
 
     async def backlog(self) -> list[LaneBacklog]:
         """Depth and oldest age per lane. Finished entries are deleted, so the first entry
@@ -195,10 +292,8 @@ class RedisStreamsConsumer:
         for stream in self._streams:
             pipe.xlen(stream)
             pipe.xrange(stream, count=1)
-        try:
+        with wrap_errors(TransportError, "XLEN failed"):
             replies = await pipe.execute()
-        except RedisError as exc:
-            raise TransportError(f"XLEN failed: {exc}") from exc
         now_ms = time.time() * 1000.0
         out = []
         for i, (model, lane) in enumerate(self._streams.values()):
@@ -212,3 +307,24 @@ class RedisStreamsConsumer:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def loss_moment(entries: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> int:
+    """Epoch ms before which requests on a recreated lane were lost: see LOSS_MARGIN_MS."""
+    first_ms = int(entries[0][0].split(b"-")[0])
+    fresh = []
+    for entry_id, fields in entries:
+        enqueued = peek_header((fields or {}).get(PAYLOAD_FIELD, b"")).get("enqueued_at")
+        added_ms = int(entry_id.split(b"-")[0])
+        if isinstance(enqueued, float | int) and abs(added_ms - enqueued * 1000) <= LOSS_MARGIN_MS:
+            fresh.append(int(enqueued * 1000))
+    return min(fresh) if fresh else first_ms - LOSS_MARGIN_MS
+
+
+def _entries_by_stream(deliveries: Sequence[Delivery]) -> dict[bytes, list[Any]]:
+    """Entry IDs grouped by stream, so a batch costs one command per stream."""
+    by_stream: dict[bytes, list[Any]] = {}
+    for d in deliveries:
+        stream, entry_id = d.token
+        by_stream.setdefault(stream, []).append(entry_id)
+    return by_stream

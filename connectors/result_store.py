@@ -8,32 +8,49 @@ clients wake up without polling: one PUBLISH per client per batch.
 
 ``gen`` is the request's generation: a DLQ replay raises it and resets the
 record to ``pending``; a write from an older generation never lands.
+
+``owner`` (the API key ID) and ``fp`` (an idempotent gateway submit's
+fingerprint) are set with the pending record and never change: the gateway
+answers reads by owner, and the terminal write frees the owner's in-flight
+quota slot (connectors/quotas.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from schemas.errors import ResultStoreError
-from schemas.names import Names
+from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
+from batchfleet.schemas.errors import ResultStoreError, TransportError
+from batchfleet.schemas.names import Names
 
 DEFAULT_TTL_S = 24 * 3600
 
+#: ARGV[2] packs (owner, fingerprint, notify client) per key, '' for none. A fingerprint (an
+#: idempotent gateway submit's model and body) that differs from the stored one is a
+#: conflict (3).
 _PUT_PENDING = """
 local ttl = tonumber(ARGV[1])
+local meta = cmsgpack.unpack(ARGV[2])
 local out = {}
 for i, key in ipairs(KEYS) do
+  local owner, fp, notify = meta[i][1], meta[i][2], meta[i][3]
   if redis.call('HSETNX', key, 'status', 'pending') == 1 then
-    redis.call('HSET', key, 'gen', 0, 'body', ARGV[i + 1])
+    redis.call('HSET', key, 'gen', 0, 'body', ARGV[i + 2])
+    if owner ~= '' then redis.call('HSET', key, 'owner', owner) end
+    if notify and notify ~= '' then redis.call('HSET', key, 'notify', notify) end
+    if fp ~= '' then redis.call('HSET', key, 'fp', fp) end
     redis.call('EXPIRE', key, ttl)
     out[i] = 0
+  elseif fp ~= '' and redis.call('HGET', key, 'fp') ~= fp then
+    out[i] = 3
   elseif redis.call('HGET', key, 'status') == 'pending' then
     out[i] = 1
   else
@@ -43,19 +60,23 @@ end
 return out
 """
 
+#: ARGV[3] is the in-flight key prefix: a won write frees the owner's quota slot
+#: (connectors/quotas.py), so workers need not know about quotas.
 _WRITE_TERMINAL = """
 local ttl = tonumber(ARGV[1])
 local meta = cmsgpack.unpack(ARGV[2])
+local inflight = ARGV[3]
 local out = {}
 local channels = {}
 for i, key in ipairs(KEYS) do
   local m = meta[i]
-  local rid, status, channel, gen, body = m[1], m[2], m[3], m[4], ARGV[i + 2]
-  local cur = redis.call('HMGET', key, 'status', 'gen')
+  local rid, status, channel, gen, body = m[1], m[2], m[3], m[4], ARGV[i + 3]
+  local cur = redis.call('HMGET', key, 'status', 'gen', 'owner')
   local cur_gen = tonumber(cur[2]) or 0
   if (not cur[1] or cur[1] == 'pending') and gen >= cur_gen then
     redis.call('HSET', key, 'status', status, 'gen', gen, 'body', body)
     redis.call('EXPIRE', key, ttl)
+    if cur[3] then redis.call('ZREM', inflight .. cur[3], rid) end
     out[i] = 1
     if channel ~= '' then
       local ids = channels[channel]
@@ -72,18 +93,23 @@ end
 return out
 """
 
+#: ARGV[i + 1] < 0: only read (a first delivery that needs its generation checked).
 _COUNT_DELIVERIES = """
 local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local n = math.max(tonumber(redis.call('HGET', key, 'deliveries')) or 0,
-                     tonumber(ARGV[i + 1])) + 1
-  redis.call('HSET', key, 'deliveries', n)
-  if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, ttl) end
+  local before = tonumber(ARGV[i + 1])
+  local n = tonumber(redis.call('HGET', key, 'deliveries')) or 0
+  if before >= 0 then
+    n = math.max(n, before) + 1
+    redis.call('HSET', key, 'deliveries', n)
+    if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, ttl) end
+  end
   local cur = redis.call('HMGET', key, 'solo', 'status', 'gen')
+  local gen = tonumber(cur[3]) or 0
   local done = -1
-  if cur[2] and cur[2] ~= 'pending' then done = tonumber(cur[3]) or 0 end
-  out[i] = {n, tonumber(cur[1]) or 0, done}
+  if cur[2] and cur[2] ~= 'pending' then done = gen end
+  out[i] = {n, tonumber(cur[1]) or 0, done, gen}
 end
 return out
 """
@@ -96,6 +122,19 @@ for i, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'body')
   if terminal_only and (not cur[1] or cur[1] == 'pending') then out[i] = false
   else out[i] = cur[2] end
+end
+return out
+"""
+
+#: Per key: {status, owner, fingerprint[, body]}, false for a missing record.
+_GET_RECORDS = """
+local with_body = ARGV[1] == '1'
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur
+  if with_body then cur = redis.call('HMGET', key, 'status', 'owner', 'fp', 'body')
+  else cur = redis.call('HMGET', key, 'status', 'owner', 'fp') end
+  if cur[1] then out[i] = cur else out[i] = false end
 end
 return out
 """
@@ -117,6 +156,46 @@ return out
 """
 
 
+#: Per key: {status, gen, notify, body}, false for a missing record (what a cancel needs).
+_CANCEL_VIEWS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('HMGET', key, 'status', 'gen', 'notify', 'body')
+  if cur[1] then out[i] = cur else out[i] = false end
+end
+return out
+"""
+
+
+#: Lane losses only move forward: a late heartbeat never replaces a later loss with an
+#: earlier one. ARGV: ttl, then (field, epoch ms) pairs.
+_MARK_LANE_LOSSES = """
+for i = 2, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i])) or 0
+  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
+#: Undo a submit whose publish failed: delete records still ``pending`` at generation 0
+#: with no delivery counted, so a retry (same ID) starts afresh instead of finding a
+#: record that no message will ever answer.
+_WITHDRAW = """
+local n = 0
+for _, key in ipairs(KEYS) do
+  local cur = redis.call('HMGET', key, 'status', 'gen', 'deliveries')
+  if cur[1] == 'pending' and (tonumber(cur[2]) or 0) == 0 and
+     (tonumber(cur[3]) or 0) == 0 then
+    redis.call('DEL', key)
+    n = n + 1
+  end
+end
+return n
+"""
+
+
 class SubmitState(IntEnum):
     """What ``put_pending`` found for each request ID."""
 
@@ -125,6 +204,29 @@ class SubmitState(IntEnum):
     PENDING = 1
     #: Already finished: a duplicate submit must not run it again.
     TERMINAL = 2
+    #: Taken by a submit with another fingerprint (idempotency key reused): never publish.
+    CONFLICT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Who a pending record belongs to, and (idempotent gateway submits) what it asked for."""
+
+    owner: str | None = None
+    #: Hash of model and body: the same idempotency key with another one is a conflict.
+    fingerprint: str | None = None
+    #: The submitting client's ID: a cancel announces its ``cancelled`` result there.
+    notify: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A result record's ownership and state, for access checks before a body is decoded."""
+
+    status: str
+    owner: str | None
+    fingerprint: str | None
+    body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +238,29 @@ class TerminalWrite:
     body: bytes
     notify_channel: str | None = None
     generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelView:
+    """A record as a cancel sees it: its generation fences the ``cancelled`` write, and
+    its client (``notify``) is where that result is announced."""
+
+    status: str
+    generation: int
+    notify: str | None
+    body: bytes | None
+
+
+class DeliveryCount(NamedTuple):
+    """What ``count_deliveries`` found for one request."""
+
+    deliveries: int
+    solo: int
+    #: Generation of its terminal result, or -1 while it has none: a copy at or below
+    #: it is finished (ack it, don't run it).
+    done_gen: int
+    #: The record's current generation: a copy below it was superseded by a replay.
+    gen: int
 
 
 class ResultStore:
@@ -150,21 +275,35 @@ class ResultStore:
         self._count_deliveries = client.register_script(_COUNT_DELIVERIES)
         self._reopen = client.register_script(_REOPEN)
         self._get_bodies = client.register_script(_GET_BODIES)
+        self._mark_losses = client.register_script(_MARK_LANE_LOSSES)
+        self._withdraw = client.register_script(_WITHDRAW)
+        self._get_records = client.register_script(_GET_RECORDS)
+        self._cancel_views = client.register_script(_CANCEL_VIEWS)
+        self._inflight_prefix = names.inflight_prefix
 
     @property
     def redis(self) -> aioredis.Redis:
+        """The client, for other seams over the same pool (``connectors.redis_plane``) and
+        tests; never used above ``connectors``."""
         return self._redis
 
-    async def put_pending(self, records: Sequence[tuple[str, bytes]]) -> list[SubmitState]:
-        """Create ``pending`` records for (request ID, pending body) pairs, never overwriting."""
+    @property
+    def names(self) -> Names:
+        return self._names
+
+    async def put_pending(self, records: Sequence[tuple[str, bytes]],
+                          owners: Sequence[Ownership] | None = None) -> list[SubmitState]:
+        """Create ``pending`` records for (request ID, pending body) pairs, never overwriting;
+        ``owners`` (one per record) stamps who submitted each, and what, in the record."""
         if not records:
             return []
         keys = [self._names.result(rid) for rid, _ in records]
-        args: list[Any] = [self.ttl_s, *(body for _, body in records)]
-        try:
+        meta = msgpack.packb([(o.owner or "", o.fingerprint or "", o.notify or "")
+                              for o in owners]
+                             if owners is not None else [("", "", "")] * len(records))
+        args: list[Any] = [self.ttl_s, meta, *(body for _, body in records)]
+        with wrap_errors(ResultStoreError, "cannot record pending requests"):
             states = await self._put_pending(keys=keys, args=args)
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot record pending requests: {exc}") from exc
         return [SubmitState(int(s)) for s in states]
 
     async def write_terminal(self, writes: Sequence[TerminalWrite]) -> list[bool]:
@@ -178,46 +317,42 @@ class ResultStore:
         meta = msgpack.packb([
             (w.request_id, w.status, channel(w.notify_channel) if w.notify_channel else "",
              w.generation) for w in writes])
-        args: list[Any] = [self.ttl_s, meta, *(w.body for w in writes)]
-        try:
+        args: list[Any] = [self.ttl_s, meta, self._inflight_prefix, *(w.body for w in writes)]
+        with wrap_errors(ResultStoreError, "cannot write results"):
             won = await self._write_terminal(keys=keys, args=args)
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot write results: {exc}") from exc
         return [bool(x) for x in won]
 
     async def count_deliveries(self, counted: Sequence[tuple[str, int]]
-                               ) -> list[tuple[int, int, int]]:
-        """Durably count one more delivery of each request: (deliveries, solo, done_gen).
+                               ) -> list[DeliveryCount]:
+        """Durably count one more delivery of each request, and read its record.
 
         ``counted`` pairs each request ID with the deliveries known to have happened
         before this one (the count becomes at least that plus one): a transport that
         can tell a first delivery apart (Redis) skips counting those, and says so
-        here when the request comes round again.
+        here when the request comes round again. A negative ``before`` only reads:
+        a first delivery of a retry or a replay is checked for staleness, not counted.
 
         Kept in the result record itself. More deliveries than attempts means a
         worker died holding the request; ``solo`` counts its solo runs that never
         finished (see :meth:`mark_solo`), so a request that kills every worker that
         computes it can be quarantined instead of looping forever, without blaming
-        the neighbours that merely shared a batch or a buffer with it. ``done_gen``
-        is the generation of its terminal result, or -1 while it has none: a
-        redelivery of a finished request is acked without running it again.
+        the neighbours that merely shared a batch or a buffer with it.
         """
         if not counted:
             return []
         keys = [self._names.result(rid) for rid, _ in counted]
-        try:
-            pairs = await self._count_deliveries(
+        with wrap_errors(ResultStoreError, "cannot count deliveries"):
+            rows = await self._count_deliveries(
                 keys=keys, args=[self.ttl_s, *(before for _, before in counted)])
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot count deliveries: {exc}") from exc
-        return [(int(n), int(solo), int(done)) for n, solo, done in pairs]
+        return [DeliveryCount(int(n), int(solo), int(done), int(gen))
+                for n, solo, done, gen in rows]
 
     async def mark_solo(self, request_id: str, started: bool, attempt: int = 1) -> None:
         """Count a suspect's solo run durably *before* it computes, and uncount it after:
         what remains counts only the runs during which the worker died. A finished solo
         run also clears the suspicion: deliveries go back to one per attempt so far."""
         key = self._names.result(request_id)
-        try:
+        with wrap_errors(ResultStoreError, "cannot record a solo run"):
             if started:
                 await self._redis.hincrby(key, "solo", 1)
             else:
@@ -225,8 +360,6 @@ class ResultStore:
                 pipe.hincrby(key, "solo", -1)
                 pipe.hset(key, "deliveries", attempt)
                 await pipe.execute()
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot record a solo run: {exc}") from exc
 
     async def reopen_for_replay(self, records: Sequence[tuple[str, bytes]]) -> list[int]:
         """Turn ``failed`` records back to ``pending`` under a new generation, for DLQ replay.
@@ -239,10 +372,8 @@ class ResultStore:
         if not records:
             return []
         keys = [self._names.result(rid) for rid, _ in records]
-        try:
+        with wrap_errors(ResultStoreError, "cannot reopen results for replay"):
             return [int(g) for g in await self._reopen(keys=keys, args=[b for _, b in records])]
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot reopen results for replay: {exc}") from exc
 
     async def get_bodies(self, request_ids: Sequence[str], terminal_only: bool = False
                          ) -> list[bytes | None]:
@@ -256,24 +387,82 @@ class ResultStore:
         if not request_ids:
             return []
         keys = [self._names.result(rid) for rid in request_ids]
-        try:
+        with wrap_errors(ResultStoreError, "cannot read results"):
             bodies = await self._get_bodies(keys=keys, args=[int(terminal_only)])
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot read results: {exc}") from exc
         return [b or None for b in bodies]
 
-    async def register_models(self, models: Sequence[str]) -> None:
-        try:
-            await self._redis.sadd(self._names.model_registry, *models)
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot register models: {exc}") from exc
+    async def get_records(self, request_ids: Sequence[str], with_body: bool = False
+                          ) -> list[StoredRecord | None]:
+        """Owner, fingerprint and status (and the body) of each record in one round trip, so
+        the gateway can refuse another key's request before it decodes or waits on it."""
+        if not request_ids:
+            return []
+        keys = [self._names.result(rid) for rid in request_ids]
+        with wrap_errors(ResultStoreError, "cannot read results"):
+            rows = await self._get_records(keys=keys, args=[int(with_body)])
+        return [None if not row else StoredRecord(
+            _text(row[0]) or "", _text(row[1]), _text(row[2]),
+            (row[3] or None) if with_body else None) for row in rows]
 
-    async def known_models(self) -> set[str]:
+    async def cancel_views(self, request_ids: Sequence[str]) -> list[CancelView | None]:
+        """Status, generation, client and body of each record, in one round trip: what
+        ``connectors.request_control`` needs to write a ``cancelled`` result in its place
+        (through :meth:`write_terminal`, so the first terminal result still wins)."""
+        if not request_ids:
+            return []
+        keys = [self._names.result(rid) for rid in request_ids]
+        with wrap_errors(ResultStoreError, "cannot read results"):
+            rows = await self._cancel_views(keys=keys)
+        return [None if not row else CancelView(
+            _text(row[0]) or "", int(row[1] or 0), _text(row[2]) or None, row[3] or None)
+            for row in rows]
+
+    async def withdraw_pending(self, request_ids: Sequence[str]) -> int:
+        """Delete the ``pending`` records a failed submit just created (see ``_WITHDRAW``)."""
+        if not request_ids:
+            return 0
+        with wrap_errors(ResultStoreError, "cannot withdraw pending records"):
+            return int(await self._withdraw(
+                keys=[self._names.result(rid) for rid in request_ids]))
+
+    async def mark_lane_losses(self, losses: Mapping[str, int]) -> None:
+        """Record lanes recreated after a loss (``{model}:{lane}`` -> epoch ms); kept as
+        long as results, since no record it concerns outlives that."""
+        if not losses:
+            return
+        args: list[Any] = [self.ttl_s]
+        for lane, ms in losses.items():
+            args += [lane, int(ms)]
+        with wrap_errors(ResultStoreError, "cannot record a lane loss"):
+            await self._mark_losses(keys=[self._names.lane_loss], args=args)
+
+    async def lane_losses(self) -> dict[str, int]:
+        """``{model}:{lane}`` -> epoch ms before which that lane's queued requests were lost."""
+        with wrap_errors(ResultStoreError, "cannot read lane losses"):
+            raw = await self._redis.hgetall(self._names.lane_loss)
+        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+    async def missing(self, request_ids: Sequence[str]) -> list[str]:
+        """The IDs without a record. One ``EXISTS`` of them all answers the usual case
+        (none missing) with one integer; only then is each looked at."""
+        if not request_ids:
+            return []
+        keys = [self._names.result(rid) for rid in request_ids]
+        with wrap_errors(ResultStoreError, "cannot read results"):
+            if int(await self._redis.exists(*keys)) == len(keys):
+                return []
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(key)
+            found = await pipe.execute()
+        return [rid for rid, there in zip(request_ids, found, strict=True) if not there]
+
+    async def pressure(self) -> RedisPressure:
+        """Memory against ``maxmemory`` and the eviction policy (admission, readiness)."""
         try:
-            members = await self._redis.smembers(self._names.model_registry)
-            return {m.decode() if isinstance(m, bytes) else m for m in members}
-        except RedisError as exc:
-            raise ResultStoreError(f"cannot read the model registry: {exc}") from exc
+            return await read_pressure(self._redis, self._names)
+        except TransportError as exc:
+            raise ResultStoreError(str(exc)) from exc
 
     async def ping(self) -> bool:
         try:
@@ -282,4 +471,9 @@ class ResultStore:
             return False
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        with wrap_errors(ResultStoreError, "cannot close the result store"):
+            await self._redis.aclose()
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

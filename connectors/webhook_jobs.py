@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -32,14 +31,20 @@ from typing import Any
 import httpx
 import redis
 
-from connectors.ssrf import CallbackPolicy
-from schemas.envelopes import Result, decode_result
-from schemas.errors import CallbackRefusedError, ConfigError, WebhookDeliveryError
-from schemas.json_form import result_to_json
-from schemas.names import Names
+from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.connectors.tracing import delivery_span
+from batchfleet.schemas.envelopes import Result, decode_result
+from batchfleet.schemas.errors import (
+    BatchfleetError,
+    CallbackRefusedError,
+    ConfigError,
+    WebhookDeliveryError,
+)
+from batchfleet.schemas.json_form import result_json_bytes
+from batchfleet.schemas.names import Names
 
 #: Where RQ finds the job function.
-JOB_FUNC = "connectors.webhook_jobs.deliver_webhook"
+JOB_FUNC = "batchfleet.connectors.webhook_jobs.deliver_webhook"
 SIGNATURE_HEADER = "Batchfleet-Signature"
 DELIVERY_HEADER = "Batchfleet-Delivery"
 REQUEST_ID_HEADER = "Batchfleet-Request-Id"
@@ -58,8 +63,6 @@ def signature_header(secret: str | bytes, body: bytes, timestamp: int) -> str:
     """
     mac = hmac.new(_key(secret), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={mac}"
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +116,36 @@ def deliver_webhook(namespace: str, request_id: str, generation: int,
     if job is None:
         raise RuntimeError("deliver_webhook runs inside an RQ job")
     try:
-        return deliver(job.connection, current_config(), Names(namespace), request_id,
-                       generation, callback_url, job.id)
+        with delivery_span(job.meta.get("traceparent"), request_id, callback_url):
+            return deliver(job.connection, current_config(), Names(namespace), request_id,
+                           generation, callback_url, job.id)
     except (_GiveUp, CallbackRefusedError, ConfigError):
         job.retries_left = 0  # RQ reads this when it handles the failure: no retry
         raise
+
+
+def delivery_worker(queue: Any, name: str) -> Any:
+    """An RQ worker for ``queue`` that logs a failed delivery as one line.
+
+    A refused callback URL or a receiver that answers 500 is an expected outcome with a
+    clear message; RQ's default is the whole traceback per attempt (25 lines), which
+    buries the one line that matters. Anything else keeps RQ's full traceback.
+    """
+    from rq import Worker
+    from rq.job_lifecycle import call_exception_handlers
+
+    class DeliveryWorker(Worker):
+        def handle_exception(self, job: Any, *exc_info: Any) -> None:
+            exc = exc_info[1]
+            if not isinstance(exc, BatchfleetError):
+                super().handle_exception(job, *exc_info)
+                return
+            message = " ".join(str(exc).split())
+            self.log.error("Worker %s: job %s failed: %s: %s", self.name, job.id,
+                           type(exc).__name__, message)
+            call_exception_handlers(self._exc_handlers, job, *exc_info)
+
+    return DeliveryWorker([queue], connection=queue.connection, name=name)
 
 
 def _stored_result(conn: redis.Redis, names: Names, request_id: str,
@@ -148,7 +176,7 @@ def deliver(conn: redis.Redis, config: DeliveryConfig, names: Names, request_id:
     if not result.is_terminal:
         raise WebhookDeliveryError(f"result of {request_id} is not written yet")
     config.policy.check_resolved(callback_url)
-    payload = json.dumps(result_to_json(result), separators=(",", ":")).encode()
+    payload = result_json_bytes(result)  # the very bytes GET /v1/requests/{id} answers
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -175,5 +203,6 @@ __all__ = [
     "configure",
     "deliver",
     "deliver_webhook",
+    "delivery_worker",
     "signature_header",
 ]

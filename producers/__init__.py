@@ -1,14 +1,22 @@
 """What upstream code uses: the ``Client`` / ``AsyncClient`` SDK."""
 
-from producers.client import AsyncClient, Client, new_request_id
-from schemas.envelopes import ErrorInfo, Result
-from schemas.errors import BatchfleetError, ValidationError, WaitTimeoutError
+from batchfleet.producers.client import AsyncClient, Client, new_request_id
+from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.errors import (
+    BatchfleetError,
+    OverloadedError,
+    RequestLostError,
+    ValidationError,
+    WaitTimeoutError,
+)
 
 __all__ = [
     "AsyncClient",
     "BatchfleetError",
     "Client",
     "ErrorInfo",
+    "OverloadedError",
+    "RequestLostError",
     "Result",
     "ValidationError",
     "WaitTimeoutError",

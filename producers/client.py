@@ -13,11 +13,13 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from connectors import (
+import structlog
+
+from batchfleet.connectors import (
     BrokerURL,
     OutboundMessage,
     SubmitState,
@@ -25,24 +27,67 @@ from connectors import (
     open_result_store,
     results_url_for,
 )
-from connectors.result_store import DEFAULT_TTL_S
-from connectors.ssrf import CallbackPolicy
-from producers.coalescing import Coalescer
-from producers.waiting import ResultWaiter
-from schemas.envelopes import Request, Result, encode_request, encode_result
-from schemas.errors import UnknownModelError, ValidationError, WaitTimeoutError
-from schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_lane
+from batchfleet.connectors.errors import store_full
+from batchfleet.connectors.model_registry import model_registry_for
+from batchfleet.connectors.redis_pressure import RedisPressure
+from batchfleet.connectors.redis_streams import RedisStreamsPublisher
+from batchfleet.connectors.request_control import (
+    CancelReport,
+    RequestControl,
+    open_request_control,
+)
+from batchfleet.connectors.result_store import DEFAULT_TTL_S, Ownership
+from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.connectors.tracing import format_traceparent
+from batchfleet.connectors.tracing import tracer as otel_tracer
+from batchfleet.producers.admission import Admission, AdmissionLimits
+from batchfleet.producers.coalescing import Coalescer
+from batchfleet.producers.waiting import ResultWaiter
+from batchfleet.schemas.envelopes import Request, Result, encode_request, encode_result
+from batchfleet.schemas.errors import (
+    BatchfleetError,
+    OverloadedError,
+    RequestLostError,
+    ResultStoreError,
+    TransportError,
+    ValidationError,
+    WaitTimeoutError,
+)
+from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_lane
+from batchfleet.schemas.registry import ModelRecord, TensorSpec, UnregisteredModelError
+from batchfleet.schemas.tensors import as_array
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+log = structlog.get_logger("batchfleet.client")
 T = TypeVar("T")
 
 #: ``priority=`` accepts lane names and these friendlier aliases.
 PRIORITIES = {"interactive": LANE_INTERACTIVE, "high": LANE_INTERACTIVE,
               "bulk": LANE_BULK, "low": LANE_BULK}
 SUBMIT_CHUNK = 1000
+#: Models whose registry answer is cached at once; past it the cache starts over.
+_MAX_CACHED_MODELS = 1024
 
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+def _span_attributes(req: Request) -> dict[str, str]:
+    return {"batchfleet.request_id": req.request_id, "batchfleet.model": req.model,
+            "batchfleet.lane": req.lane}
+
+
+def _submit_span(tracer: Tracer, req: Request) -> str:
+    """One short submit span per request of a ``submit_many`` (its chunk is sent later)."""
+    from opentelemetry.trace import SpanKind
+
+    span = tracer.start_span("batchfleet.submit", kind=SpanKind.PRODUCER,
+                             attributes=_span_attributes(req))
+    span.end()
+    return format_traceparent(span.get_span_context())
 
 
 class AsyncClient:
@@ -51,6 +96,11 @@ class AsyncClient:
     >>> async with AsyncClient("redis://localhost:6379/0") as client:
     ...     rid = await client.submit("demo-mlp", [0.1] * 10)
     ...     result = await client.wait(rid, timeout=5)
+
+    ``admission`` sets the marks past which submits raise OverloadedError (default: 80%
+    of Redis ``maxmemory``; see ``producers.admission``); ``model_list_ttl_s`` how long
+    a model's registry record (served or declared, and its declared input spec) is
+    trusted before it is read again.
     """
 
     def __init__(
@@ -64,20 +114,38 @@ class AsyncClient:
         poll_interval_s: float = 1.0,
         check_model: bool = True,
         callback_policy: CallbackPolicy | None = None,
+        redis_max_connections: int | None = None,
+        admission: AdmissionLimits | None = None,
+        model_list_ttl_s: float = 5.0,
     ) -> None:
         parsed = BrokerURL.parse(broker)
         self.names = Names(namespace)
         self.client_id = uuid.uuid4().hex[:16]
+        # A bounded, blocking pool when asked (the gateway); redis-py's default otherwise.
         self._store = open_result_store(results_url_for(parsed, results), self.names,
-                                        result_ttl_s)
+                                        result_ttl_s, redis_max_connections)
         self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
         self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s)
         self._check_model = check_model
-        self._singles: Coalescer[tuple[Request, bytes]] = Coalescer(self._send, SUBMIT_CHUNK)
-        self._known_models: set[str] = set()
+        self._singles: Coalescer[tuple[Request, bytes, str | None]] = Coalescer(self._send,
+                                                                                SUBMIT_CHUNK)
+        self._registry = model_registry_for(self._store)
+        #: model -> (monotonic read time, declared input spec). Re-read after the TTL, so a
+        #: retired model is refused again and a new declaration's spec is seen; a miss is
+        #: never cached, so a model declared or served a moment ago is accepted at once.
+        self._models: dict[str, tuple[float, TensorSpec | None]] = {}
+        self._models_ttl_s = model_list_ttl_s
+        self._admission = Admission(admission or AdmissionLimits(), self._pressure)
+        self._results_on_broker = (parsed.kind == "redis"
+                                   and results_url_for(parsed, results) == parsed.url)
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.
         self._callback_policy = callback_policy or CallbackPolicy()
+        self._broker = parsed
+        #: Opened on the first cancel (it may need a client of the broker's Redis).
+        self._control: RequestControl | None = None
+        #: None unless OTEL_* turned tracing on: then each request carries a traceparent.
+        self._tracer = otel_tracer("batchfleet-producer")
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -85,14 +153,26 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _pressure(self, lanes: Sequence[tuple[str, str]]) -> list[RedisPressure]:
+        """One reading per Redis: the broker's (with lane depths) and, if apart, the store's."""
+        reads: list[Awaitable[RedisPressure]] = []
+        if isinstance(self._publisher, RedisStreamsPublisher):
+            reads.append(self._publisher.pressure(lanes))
+        if not self._results_on_broker:
+            reads.append(self._store.pressure())
+        return list(await asyncio.gather(*reads))
+
     async def close(self) -> None:
+        if self._control is not None:
+            await self._control.close()
         await self._waiter.close()
         await self._publisher.close()
         await self._store.close()
 
     def _request(
         self, model: str, inputs: Any, request_id: str | None, priority: str,
-        deadline_s: float | None, callback_url: str | None, now: float,
+        deadline_s: float | None, callback_url: str | None, now: float, owner: str | None = None,
+        version: str | None = None, routing_key: str | None = None,
     ) -> Request:
         lane = PRIORITIES.get(priority, priority)
         check_lane(lane)
@@ -101,103 +181,208 @@ class AsyncClient:
         return Request(
             request_id=request_id or new_request_id(), model=model, inputs=inputs, lane=lane,
             enqueued_at=now, deadline_at=None if deadline_s is None else now + deadline_s,
-            callback_url=callback_url, notify=self.client_id,
+            callback_url=callback_url, notify=self.client_id, owner=owner,
+            version=version, routing_key=routing_key,
         )
 
     async def submit(
         self, model: str, inputs: Any, *, request_id: str | None = None,
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
-        callback_url: str | None = None,
+        callback_url: str | None = None, owner: str | None = None,
+        fingerprint: str | None = None, version: str | None = None,
+        routing_key: str | None = None,
     ) -> str:
         """Enqueue one request; returns its request ID. Bad input raises ValidationError now.
 
+        ``version`` pins it to one version label (evaluations, A/B analysis); otherwise the
+        workers route it by the model's rollout policy, hashing ``routing_key`` (one user
+        always sees one version) or else the request ID (docs/rollout.md, "Routing").
+
+        ``owner`` names the API key ID whose callers may read the result through the
+        gateway (without one, only admin-scoped keys can). ``fingerprint`` is the
+        gateway's idempotency check: an existing record with another one is not published.
         Concurrent calls are coalesced into one round trip (see ``producers.coalescing``).
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
-        await self._ensure_known(model)
+        spec = await self.ensure_model(model)
         await self._waiter.start()
         req = self._request(model, inputs, request_id, priority, deadline_s, callback_url,
-                            time.time())
-        await self._singles.submit((req, encode_request(req)))
+                            time.time(), owner, version, routing_key)
+        _check_declared(spec, req.inputs)
+        await self._admission.check(model, req.lane)
+        if self._tracer is None:
+            await self._singles.submit((req, encode_request(req), fingerprint))
+        else:
+            await self._submit_traced(self._tracer, req, fingerprint)
         return req.request_id
+
+    async def _submit_traced(self, tracer: Tracer, req: Request, fingerprint: str | None
+                             ) -> None:
+        """The submit span covers the round trips; its context travels with the request."""
+        from opentelemetry.trace import SpanKind
+
+        with tracer.start_as_current_span(
+                "batchfleet.submit", kind=SpanKind.PRODUCER,
+                attributes=_span_attributes(req)) as span:
+            req.traceparent = format_traceparent(span.get_span_context())
+            await self._singles.submit((req, encode_request(req), fingerprint))
 
     async def submit_many(
         self, model: str, inputs: Iterable[Any], *, request_ids: Sequence[str] | None = None,
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
-        callback_url: str | None = None,
+        callback_url: str | None = None, owner: str | None = None,
+        fingerprint: str | None = None, version: str | None = None,
+        routing_key: str | None = None,
     ) -> list[str]:
-        """Enqueue many requests to one model, pipelined in chunks of ``SUBMIT_CHUNK``.
+        """Enqueue many requests to one model, pipelined in chunks of ``SUBMIT_CHUNK``
+        (``owner``, ``fingerprint``, ``version`` and ``routing_key`` as for :meth:`submit`).
 
-        Raises UnknownModelError for a model no worker has ever served (unless the
-        client was made with ``check_model=False``), rather than letting it wait forever.
+        Raises UnknownModelError for a model no worker has ever served and nobody
+        declared (unless the client was made with ``check_model=False``), rather than
+        letting it wait forever; ValidationError for inputs off a declared spec.
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
-        await self._ensure_known(model)
+        spec = await self.ensure_model(model)
         await self._waiter.start()
         ids: list[str] = []
-        chunk: list[tuple[Request, bytes]] = []
+        chunk: list[tuple[Request, bytes, str | None]] = []
         id_iter = iter(request_ids) if request_ids is not None else None
         for item in inputs:
             rid = next(id_iter, None) if id_iter is not None else None
             if id_iter is not None and rid is None:
                 raise ValidationError("request_ids is shorter than inputs")
-            req = self._request(model, item, rid, priority, deadline_s, callback_url, time.time())
-            chunk.append((req, encode_request(req)))
-            ids.append(req.request_id)
+            req = self._request(model, item, rid, priority, deadline_s, callback_url, time.time(),
+                                owner, version, routing_key)
+            _check_declared(spec, req.inputs)
+            if self._tracer is not None:
+                req.traceparent = _submit_span(self._tracer, req)
+            chunk.append((req, encode_request(req), fingerprint))
             if len(chunk) >= SUBMIT_CHUNK:
-                await self._send(chunk)
+                await self._send_admitted(chunk, ids)
                 chunk = []
         if chunk:
-            await self._send(chunk)
+            await self._send_admitted(chunk, ids)
         return ids
 
-    async def _ensure_known(self, model: str) -> None:
-        if not self._check_model or model in self._known_models:
-            return
-        self._known_models = await self._store.known_models()
-        if model not in self._known_models:
-            known = ", ".join(sorted(self._known_models)) or "none yet"
-            raise UnknownModelError(
-                f"no worker serves model {model!r} (known models: {known}); start a worker "
-                f"with --model {model}, or create the client with check_model=False"
-            )
+    async def _send_admitted(self, chunk: list[tuple[Request, bytes, str | None]],
+                             sent: list[str]) -> None:
+        """Send a chunk if admission allows; a refusal names what was already sent."""
+        try:
+            await self._admission.check(chunk[0][0].model, chunk[0][0].lane, len(chunk))
+            await self._send(chunk)
+        except OverloadedError as exc:
+            exc.accepted = list(sent)
+            raise
+        sent.extend(req.request_id for req, _, _ in chunk)
 
-    async def _send(self, chunk: list[tuple[Request, bytes]]) -> None:
+    async def ensure_model(self, model: str) -> TensorSpec | None:
+        """Refuse a model that is neither served nor declared (UnregisteredModelError, an
+        UnknownModelError); returns its declared input spec, if any. Cached per model for
+        ``model_list_ttl_s``; a no-op with ``check_model=False``."""
+        if not self._check_model:
+            return None
+        now = time.monotonic()
+        cached = self._models.get(model)
+        if cached is not None and now - cached[0] < self._models_ttl_s:
+            return cached[1]
+        known, record = await self._registry.lookup(model)
+        if model not in known:
+            self._models.pop(model, None)
+            raise UnregisteredModelError(model, known)
+        if len(self._models) >= _MAX_CACHED_MODELS:
+            self._models.clear()
+        spec = record.declared_input if record is not None else None
+        self._models[model] = (now, spec)
+        return spec
+
+    async def known_models(self) -> set[str]:
+        """Every model submits are accepted for: declared, or ever served (one round trip)."""
+        return await self._registry.names()
+
+    async def models(self) -> list[ModelRecord]:
+        """What the fleet serves or has declared, by name: each model's versions with their
+        input and output specs, its rollout policy and the workers serving it (judge them
+        live with ``record.live_workers(time.time())``; ``record.summary(now)`` is the
+        ``GET /v1/models`` entry). Two round trips, however many models."""
+        return await self._registry.records()
+
+    async def _send(self, chunk: list[tuple[Request, bytes, str | None]]) -> None:
         pending = [
             (req.request_id, encode_result(Result(
-                req.request_id, "pending", model=req.model, enqueued_at=req.enqueued_at)))
-            for req, _ in chunk
+                req.request_id, "pending", model=req.model, enqueued_at=req.enqueued_at,
+                owner=req.owner)))
+            for req, _, _ in chunk
         ]
-        states = await self._store.put_pending(pending)
+        try:
+            states = await self._store.put_pending(
+                pending, [Ownership(req.owner, fp, req.notify) for req, _, fp in chunk])
+        except ResultStoreError as exc:
+            _raise_if_full(exc)
+            raise
         # before publishing, so that even the quickest announcement finds them expected
         self._waiter.expect([rid for (rid, _), state in zip(pending, states, strict=True)
                              if state == SubmitState.NEW])
-        await self._publisher.publish([
-            OutboundMessage(req.model, req.lane, req.request_id, payload)
-            for (req, payload), state in zip(chunk, states, strict=True)
-            if state != SubmitState.TERMINAL
-        ])
+        try:
+            await self._publisher.publish([
+                OutboundMessage(req.model, req.lane, req.request_id, payload, req.traceparent)
+                for (req, payload, _), state in zip(chunk, states, strict=True)
+                if state in (SubmitState.NEW, SubmitState.PENDING)
+            ])
+        except TransportError as exc:
+            # Nothing was queued for the records this call created: withdraw them, so a
+            # retry with the same ID (an idempotent resubmit) publishes instead of finding
+            # a pending record that no message will ever answer.
+            created = [rid for (rid, _), state in zip(pending, states, strict=True)
+                       if state == SubmitState.NEW]
+            try:
+                await self._store.withdraw_pending(created)
+            except ResultStoreError as undo:
+                log.warning("could not withdraw the records of a failed submit",
+                            error=str(undo), request_ids=len(created))
+            _raise_if_full(exc)
+            raise
 
     async def get(self, request_id: str) -> Result | None:
         """The current result (``pending`` or terminal), or None for an unknown ID."""
         return (await self._waiter.fetch([request_id]))[0]
 
+    async def cancel(self, request_id: str) -> CancelReport:
+        """Cancel a queued request: its result becomes ``cancelled`` and no worker computes
+        it. ``report.outcome`` says what happened: ``cancelled``, ``already_running`` (a
+        worker holds it; it finishes), ``already_finished`` or ``unknown``. See
+        ``connectors.request_control`` for what Kafka can and cannot tell."""
+        return (await self.cancel_many([request_id]))[0]
+
+    async def cancel_many(self, request_ids: Sequence[str]) -> list[CancelReport]:
+        """:meth:`cancel` for many IDs in a few round trips; one report per distinct ID."""
+        if self._control is None:
+            self._control = open_request_control(self._broker, self._store)
+        return await self._control.cancel(request_ids)
+
     async def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
-        """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s."""
+        """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s,
+        and RequestLostError (within seconds, even with ``timeout=None``) if it can never
+        finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it."""
         return (await self._waiter.wait_many([request_id], timeout))[0]
 
     async def wait_many(
         self, request_ids: Sequence[str], timeout: float | None = 60.0
     ) -> list[Result]:
-        """Terminal results in the order of ``request_ids``."""
+        """Terminal results in the order of ``request_ids``.
+
+        If some requests were lost (see :meth:`wait`), RequestLostError is raised once all
+        the others have finished: ``exc.request_ids`` names the lost ones and
+        ``exc.results`` holds every result in ``request_ids`` order, None where lost.
+        """
         return await self._waiter.wait_many(request_ids, timeout)
 
     def as_completed(
         self, request_ids: Sequence[str], timeout: float | None = 60.0
     ) -> AsyncIterator[Result]:
-        """Terminal results as they arrive (for progress bars and latency measurement)."""
+        """Terminal results as they arrive (for progress bars and latency measurement);
+        lost requests are skipped, then named by a RequestLostError at the end."""
         return self._waiter.as_completed(request_ids, timeout)
 
 
@@ -250,13 +435,37 @@ class Client:
     def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
         return self._call(self._async.wait(request_id, timeout))
 
+    def cancel(self, request_id: str) -> CancelReport:
+        return self._call(self._async.cancel(request_id))
+
+    def cancel_many(self, request_ids: Sequence[str]) -> list[CancelReport]:
+        return self._call(self._async.cancel_many(request_ids))
+
+    def models(self) -> list[ModelRecord]:
+        """See :meth:`AsyncClient.models`."""
+        return self._call(self._async.models())
+
     def wait_many(self, request_ids: Sequence[str], timeout: float | None = 60.0
                   ) -> list[Result]:
         return self._call(self._async.wait_many(request_ids, timeout))
+
+
+def _check_declared(spec: TensorSpec | None, inputs: Any) -> None:
+    """Inputs off a declared spec are refused at submit, before anything is enqueued."""
+    if spec is not None:
+        spec.check(inputs if isinstance(inputs, dict) else as_array(inputs))
+
+
+def _raise_if_full(exc: BatchfleetError) -> None:
+    """Redis refusing writes at ``maxmemory`` (a burst crossed the admission mark between
+    two readings) is overload too: retryable, and nothing half-done needs undoing."""
+    if store_full(exc):
+        raise OverloadedError(f"Redis is full: {exc}", retry_after_s=1.0) from exc
 
 
 async def _make_async(broker: str, results: str | None, options: dict[str, Any]) -> AsyncClient:
     return AsyncClient(broker, results, **options)
 
 
-__all__ = ["AsyncClient", "Client", "WaitTimeoutError", "new_request_id"]
+__all__ = ["AsyncClient", "CancelReport", "Client", "OverloadedError", "RequestLostError",
+           "WaitTimeoutError", "new_request_id"]

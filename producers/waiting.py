@@ -14,6 +14,16 @@ noted rather than lost. That memory is bounded; what falls out of it is read
 as any other ID would be. The safety poll reads such waits only every tenth
 interval (all of them again after a reconnect), and reads bodies only of
 results that are terminal.
+
+Waits that can never end are ended (``RequestLostError``): the safety poll
+also notices an ID whose record is gone (Redis lost its data, or the ID never
+existed) and, once a worker has recorded a lane loss (``Names.lane_loss``), a
+pending request enqueued on that model before the loss. Either must hold for
+``loss_grace_s`` before the wait is given up, so a submit racing the wait, or a
+batch a worker still holds, can land first. Edge: a request waiting in the retry
+schedule when its model's stream was lost is reported lost although the retry
+pump will run it (its result, if it comes, is still stored); and lane losses are
+checked per model, since a pending record does not say its lane.
 """
 
 from __future__ import annotations
@@ -23,12 +33,13 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 import structlog
-from redis.exceptions import RedisError
 
-from connectors.result_store import ResultStore
-from schemas.envelopes import Result, decode_result
-from schemas.errors import ResultStoreError, WaitTimeoutError
-from schemas.names import Names
+from batchfleet.connectors import control_plane_for
+from batchfleet.connectors.control_plane import Announcements, Subscription
+from batchfleet.connectors.result_store import ResultStore
+from batchfleet.schemas.envelopes import Result, decode_result
+from batchfleet.schemas.errors import RequestLostError, ResultStoreError, WaitTimeoutError
+from batchfleet.schemas.names import Names
 
 log = structlog.get_logger("batchfleet.client")
 
@@ -39,14 +50,25 @@ _EXPECTED_CAP = 100_000
 _QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 2.0
+#: How long a wait must look lost (record gone, or lane lost after it) before it ends.
+LOSS_GRACE_S = 2.0
 
 
 class ResultWaiter:
     def __init__(
-        self, store: ResultStore, names: Names, client_id: str, poll_interval_s: float = 1.0
+        self, store: ResultStore, names: Names, client_id: str, poll_interval_s: float = 1.0,
+        loss_grace_s: float = LOSS_GRACE_S, announcements: Announcements | None = None,
     ) -> None:
         self._store = store
-        self._channel = names.notify_channel(client_id)
+        #: Where finished IDs are announced: the store's own seam unless told otherwise.
+        self._announcements = announcements or control_plane_for(store).announcements
+        self._client_id = client_id
+        self._loss_grace_s = loss_grace_s
+        #: Waits that looked lost at the last poll, with when they were first seen so.
+        self._suspects: dict[str, float] = {}
+        #: (model, enqueued_at) of pending waits, read once, only while lane losses exist.
+        self._pending_info: dict[str, tuple[str, float]] = {}
+        self._lane_losses: dict[str, int] = {}
         self._poll_interval_s = poll_interval_s
         self._waiters: dict[str, list[asyncio.Future[Result]]] = {}
         #: Submitted here and announced here; True once the announcement came.
@@ -133,20 +155,65 @@ class ResultWaiter:
                 if not waiting:
                     del self._waiters[rid]
                     self._quiet.discard(rid)
+                    self._suspects.pop(rid, None)
+                    self._pending_info.pop(rid, None)
 
     def _resolve(self, results: Sequence[Result | None]) -> None:
         for res in results:
             if res is None or not res.is_terminal:
                 continue
             self._quiet.discard(res.request_id)
+            self._suspects.pop(res.request_id, None)
+            self._pending_info.pop(res.request_id, None)
             for fut in self._waiters.pop(res.request_id, ()):
                 if not fut.done():
                     fut.set_result(res)
 
+    def _lose(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._quiet.discard(rid)
+            self._suspects.pop(rid, None)
+            self._pending_info.pop(rid, None)
+            for fut in self._waiters.pop(rid, ()):
+                if not fut.done():
+                    fut.set_exception(RequestLostError([rid]))
+
+    async def _check_lost(self, unresolved: Sequence[str]) -> None:
+        """End the waits on IDs that looked lost for ``loss_grace_s`` (see the module doc)."""
+        lost_now: set[str] = set()
+        for start in range(0, len(unresolved), _READ_CHUNK):
+            lost_now.update(await self._store.missing(unresolved[start:start + _READ_CHUNK]))
+        if self._lane_losses:
+            unread = [rid for rid in unresolved
+                      if rid not in lost_now and rid not in self._pending_info]
+            for rid, res in zip(unread, await self.fetch(unread), strict=True):
+                if res is not None and not res.is_terminal:
+                    self._pending_info[rid] = (res.model, res.enqueued_at)
+            for rid in unresolved:
+                info = self._pending_info.get(rid)
+                if info is not None and lost_in_lane(info, self._lane_losses):
+                    lost_now.add(rid)
+        loop_now = asyncio.get_running_loop().time()
+        for rid in list(self._suspects):
+            if rid not in lost_now:
+                del self._suspects[rid]
+        expired = []
+        for rid in lost_now:
+            since = self._suspects.setdefault(rid, loop_now)
+            if loop_now - since >= self._loss_grace_s:
+                expired.append(rid)
+        if expired:
+            log.warning("requests lost: their record or their lane's entries are gone",
+                        count=len(expired), request_ids=expired[:5])
+            self._lose(expired)
+
     async def as_completed(
         self, request_ids: Sequence[str], timeout: float | None
     ) -> AsyncIterator[Result]:
-        """Yield terminal results in the order they arrive; WaitTimeoutError if some never do."""
+        """Yield terminal results in the order they arrive; WaitTimeoutError if some never do.
+
+        Lost requests (see the module doc) are not yielded: once every other one has been,
+        RequestLostError names them all."""
         await self.start()
         futures = self._register(request_ids)
         arrived: asyncio.Queue[asyncio.Future[Result]] = asyncio.Queue()
@@ -160,56 +227,72 @@ class ResultWaiter:
                 log.warning("first read of results failed; waiting on the poll", error=str(exc))
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
+            lost: list[str] = []
             for received in range(len(futures)):
                 if not arrived.empty():  # results arrive a batch at a time: no timer needed
-                    yield arrived.get_nowait().result()
+                    fut = arrived.get_nowait()
+                else:
+                    left = None if deadline is None else max(0.0, deadline - loop.time())
+                    try:
+                        fut = await asyncio.wait_for(arrived.get(), left)
+                    except TimeoutError:
+                        raise WaitTimeoutError(
+                            f"{len(futures) - received} of {len(futures)} request(s) had no "
+                            f"terminal result after {timeout}s"
+                            + (f" ({len(lost)} more were lost)" if lost else "")
+                        ) from None
+                gone = fut.exception()
+                if isinstance(gone, RequestLostError):
+                    lost.extend(gone.request_ids)
                     continue
-                left = None if deadline is None else max(0.0, deadline - loop.time())
-                try:
-                    fut = await asyncio.wait_for(arrived.get(), left)
-                except TimeoutError:
-                    raise WaitTimeoutError(
-                        f"{len(futures) - received} of {len(futures)} request(s) had no "
-                        f"terminal result after {timeout}s"
-                    ) from None
                 yield fut.result()
+            if lost:
+                raise RequestLostError(lost)
         finally:
             self._unregister(request_ids, futures)
 
     async def wait_many(self, request_ids: Sequence[str], timeout: float | None) -> list[Result]:
-        by_id = {r.request_id: r async for r in self.as_completed(request_ids, timeout)}
+        """Terminal results in ``request_ids`` order. If some were lost, RequestLostError
+        names them once the rest have finished, with ``results`` in the same order (None
+        where lost)."""
+        by_id: dict[str, Result] = {}
+        try:
+            async for r in self.as_completed(request_ids, timeout):
+                by_id[r.request_id] = r
+        except RequestLostError as exc:
+            exc.results = [by_id.get(rid) for rid in request_ids]
+            raise
         return [by_id[rid] for rid in request_ids]
 
     async def _listen(self) -> None:
         """Resolve waiters from announcements, with a slow poll as the safety net."""
         backoff = 0.1
         while True:
-            pubsub = self._store.redis.pubsub(ignore_subscribe_messages=True)
+            subscription: Subscription | None = None
             try:
-                await pubsub.subscribe(self._channel)
+                subscription = await self._announcements.subscribe(self._client_id)
                 self._subscribed.set()
                 backoff = 0.1
-                await self._pump(pubsub)
-            except (RedisError, ResultStoreError, OSError) as exc:
+                await self._pump(subscription)
+            except ResultStoreError as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
                 self._expected.clear()  # announcements may be lost meanwhile: read those
                 self._quiet.clear()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(pubsub.aclose(),  # type: ignore[no-untyped-call]
-                                           _CLOSE_TIMEOUT_S)
+                if subscription is not None:
+                    await subscription.close()
 
-    async def _pump(self, pubsub: object) -> None:
+    async def _pump(self, subscription: Subscription) -> None:
         loop = asyncio.get_running_loop()
         next_poll = loop.time() + self._poll_interval_s
         polls = 0
         while True:
-            message = await pubsub.get_message(timeout=self._poll_interval_s)  # type: ignore[attr-defined]
-            if message is not None and message.get("type") == "message":
+            announced = await subscription.next(self._poll_interval_s)
+            if announced:
                 ids = []
-                for rid in message["data"].decode().split(","):
+                for rid in announced:
                     if rid in self._waiters:
                         ids.append(rid)
                     elif rid in self._expected:
@@ -221,7 +304,27 @@ class ResultWaiter:
                 polls += 1
                 # Waits on IDs submitted here are announced here: polling them every time
                 # would reread every outstanding ID each second for nothing.
-                due = list(self._waiters) if polls % _QUIET_POLL_EVERY == 0 else [
-                    rid for rid in self._waiters if rid not in self._quiet]
+                # Merged, never forgotten: the hash itself can be lost (evicted, flushed).
+                seen = self._lane_losses
+                losses = {**seen, **{k: max(v, seen.get(k, v))
+                                     for k, v in (await self._store.lane_losses()).items()}}
+                everything = polls % _QUIET_POLL_EVERY == 0 or losses != seen
+                self._lane_losses = losses
+                # Suspected losses are looked at every time, so they end after the grace.
+                due = list(self._waiters) if everything else [
+                    rid for rid in self._waiters
+                    if rid not in self._quiet or rid in self._suspects]
                 if due:
-                    self._resolve(await self.fetch(due, True))
+                    results = await self.fetch(due, True)
+                    self._resolve(results)
+                    await self._check_lost(
+                        [rid for rid, r in zip(due, results, strict=True) if r is None])
+
+
+def lost_in_lane(info: tuple[str, float], losses: dict[str, int]) -> bool:
+    """Enqueued on its model before one of that model's lanes lost its entries."""
+    model, enqueued_at = info
+    enqueued_ms = enqueued_at * 1000.0
+    # fields are "{lane model}:{lane}", where a version lane's model is "{model}@{label}"
+    return any(field.partition(":")[0].partition("@")[0] == model and enqueued_ms < ms
+               for field, ms in losses.items())

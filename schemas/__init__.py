@@ -4,7 +4,7 @@ This package imports nothing else from the project, so any service (or another
 language, see ``docs/wire-format.md``) can speak it on its own.
 """
 
-from schemas.envelopes import (
+from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,
     SCHEMA_VERSION,
     STATUSES,
@@ -22,9 +22,9 @@ from schemas.envelopes import (
     encode_result,
     request_from_header,
 )
-from schemas.errors import BatchfleetError
-from schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names
-from schemas.tensors import Array, Tensors, decode_tensors, encode_tensors, signature
+from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names
+from batchfleet.schemas.tensors import Array, Tensors, decode_tensors, encode_tensors, signature
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -8,21 +8,31 @@ message becomes a typed error that names what was wrong, never a crash.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
 
-from schemas.errors import DecodeError, LimitExceededError, SchemaError, ValidationError
-from schemas.names import LANE_INTERACTIVE, check_lane, check_model_name, check_request_id
-from schemas.tensors import Tensors, decode_tensors, encode_tensors
+from batchfleet.schemas.errors import DecodeError, LimitExceededError, SchemaError, ValidationError
+from batchfleet.schemas.names import (
+    LANE_INTERACTIVE,
+    check_lane,
+    check_model_name,
+    check_request_id,
+)
+from batchfleet.schemas.tensors import Tensors, decode_tensors, encode_tensors
+from batchfleet.schemas.validation import check_notify
 
 SCHEMA_VERSION: Final = 1
+#: A version label (``--model NAME@LABEL=SPEC``): it names lanes and registry fields.
+_LABEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-Status = Literal["pending", "succeeded", "failed", "expired"]
-STATUSES: Final = ("pending", "succeeded", "failed", "expired")
-TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "expired"})
+Status = Literal["pending", "succeeded", "failed", "expired", "cancelled"]
+STATUSES: Final = ("pending", "succeeded", "failed", "expired", "cancelled")
+#: ``cancelled``: a cancel or a lane purge answered it before any worker computed it.
+TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "expired", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +44,22 @@ class Limits:
 
 
 DEFAULT_LIMITS: Final = Limits()
+
+#: The largest integer a Lua script (Redis' scripts use doubles) compares exactly, 2^53 - 1.
+#: ``generation`` and ``attempt`` reach the result-store scripts, so the wire caps them here.
+MAX_EXACT_INT: Final = 2**53 - 1
+
+
+def lua_exact_generation(value: object) -> int:
+    """A generation the store's scripts compare exactly, or 0 for one out of range.
+
+    Answers to bad input carry the generation read from the raw message; one out of
+    range would be misread inside Lua (2^64-1 reads as -1) and the write refused, so
+    such an answer is written under generation 0 instead, which the store accepts.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EXACT_INT:
+        return 0
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +99,14 @@ class Request:
     generation: int = 0
     #: One entry per failed attempt so far: {"attempt", "type", "message", "at"}.
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The API key ID that submitted it (gateway) or that the SDK named; None: no owner.
+    owner: str | None = None
+    #: A version label this request is pinned to (evaluations, A/B); None: the policy routes.
+    version: str | None = None
+    #: What routing hashes instead of the request ID, so one user always sees one version.
+    routing_key: str | None = None
+    #: W3C trace context of the submit span (tracing on); a malformed one is ignored.
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +128,8 @@ class Result:
     batch_size: int | None = None
     generation: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Who submitted it (see ``Request.owner``); only admin-scoped keys read ownerless ones.
+    owner: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -108,10 +144,18 @@ class Result:
 
 
 def encode_request(req: Request) -> bytes:
-    """Pack a request, validating the fields that become names (model, ID, lane)."""
+    """Pack a request, validating the fields that become names (model, ID, lane) and the
+    integers the result store's scripts compare (attempt, generation)."""
     check_request_id(req.request_id)
     check_model_name(req.model)
     check_lane(req.lane)
+    for key in ("attempt", "generation"):
+        _int({key: getattr(req, key)}, key, 0)
+    if req.notify:
+        check_notify(req.notify)
+    _owner(req.owner)
+    check_version_label(req.version)
+    _routing_key(req.routing_key)
     body: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "id": req.request_id,
@@ -124,6 +168,10 @@ def encode_request(req: Request) -> bytes:
         "attempt": req.attempt,
         "generation": req.generation,
         "errors": req.history,
+        **({} if req.owner is None else {"owner": req.owner}),
+        **({} if req.version is None else {"version": req.version}),
+        **({} if req.routing_key is None else {"routing_key": req.routing_key}),
+        **({} if req.traceparent is None else {"traceparent": req.traceparent}),
         # Last, so a damaged or oversized message still has a readable header.
         "inputs": encode_tensors(req.inputs),
     }
@@ -148,6 +196,8 @@ def encode_result(res: Result) -> bytes:
         "batch_size": res.batch_size,
         "generation": res.generation,
     }
+    if res.owner is not None:
+        body["owner"] = res.owner
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -231,8 +281,10 @@ def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
 
 def _int(obj: Mapping[str, Any], key: str, default: int) -> int:
     value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError(f"{key} must be a non-negative integer, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 0 <= value <= MAX_EXACT_INT):
+        raise ValidationError(f"{key} must be an integer from 0 to {MAX_EXACT_INT} "
+                              f"(2^53-1), got {value!r}")
     return value
 
 
@@ -275,20 +327,60 @@ def request_from_header(header: RequestHeader) -> Request:
         attempt=max(1, _int(obj, "attempt", 1)),
         generation=_int(obj, "generation", 0),
         history=_history(obj.get("errors")),
+        owner=_owner(obj.get("owner")),
+        version=check_version_label(obj.get("version")),
+        routing_key=_routing_key(obj.get("routing_key")),
+        traceparent=_traceparent(obj.get("traceparent")),
     )
 
 
-def _notify(value: Any) -> str | None:
-    """The client ID becomes part of a channel name, so it follows the request-ID rules."""
+def _traceparent(value: Any) -> str | None:
+    """Kept only when shaped like one (W3C: a bad traceparent is ignored, never an error)."""
+    if isinstance(value, str) and len(value) == 55 and value[2] == value[35] == value[52] == "-":
+        return value
+    return None
+
+
+def check_version_label(value: Any) -> str | None:
+    """A pinned version label: the ``@VERSION`` of ``--model NAME@VERSION=SPEC``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _LABEL.fullmatch(value):
+        raise ValidationError(f"version must be a label of 1-64 letters, digits or ._- "
+                              f"(as in --model NAME@LABEL=SPEC), got {value!r}")
+    return value
+
+
+def _routing_key(value: Any) -> str | None:
+    """Any short string: it is only hashed, never used as a name."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise ValidationError(f"routing_key must be a string of 1-256 characters, got {value!r}")
+    return value
+
+
+def _owner(value: Any) -> str | None:
+    """An API key ID: it becomes part of a quota key name, so it follows the request-ID rules."""
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ValidationError(f"notify must be a string, got {type(value).__name__}")
+        raise ValidationError(f"owner must be a string, got {type(value).__name__}")
     try:
         return check_request_id(value)
     except ValidationError:
-        raise ValidationError(f"notify {value!r} must be 1-128 characters of letters, "
+        raise ValidationError(f"owner {value!r} must be 1-128 characters of letters, "
                               "digits or ._:@-") from None
+
+
+def _notify(value: Any) -> str | None:
+    """The client ID becomes part of a channel name, so it follows the request-ID rules;
+    nil or ``""`` means no announcement (docs/wire-format.md §3)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"notify must be a string, got {type(value).__name__}")
+    return check_notify(value)
 
 
 def _history(value: Any) -> list[dict[str, Any]]:
@@ -338,4 +430,5 @@ def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
         compute_ms=_opt_float(obj, "compute_ms"),
         batch_size=obj.get("batch_size"),
         generation=int(obj.get("generation") or 0),
+        owner=_owner(obj.get("owner")),
     )

@@ -169,3 +169,68 @@ class RequestNotFoundError(BatchfleetError):
     """No result record for this request ID: never submitted, or expired (HTTP 404)."""
 
     wire_type = "not_found"
+
+
+class IdempotencyConflictError(BatchfleetError):
+    """An Idempotency-Key reused with another model or another body (HTTP 409)."""
+
+    wire_type = "idempotency_conflict"
+
+
+class QuotaExceededError(BatchfleetError):
+    """An API key over its request rate or its in-flight limit (HTTP 429); nothing was
+    enqueued. ``retry_after_s`` says when trying again can succeed."""
+
+    wire_type = "quota_exceeded"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        #: RateLimit-* headers for the refusal.
+        self.headers: Mapping[str, str] = headers or {}
+
+
+# --- model inputs --------------------------------------------------------------------
+
+
+class InvalidInputError(ValidationError):
+    """One request's inputs are outside what the model accepts (a token ID past the
+    vocabulary, say). Raised by a handler's ``validate`` hook at intake, or from
+    ``preprocess``/``predict``: the request fails once, is never retried, and never
+    counts against the model's circuit breaker."""
+
+
+# --- state loss and admission --------------------------------------------------------
+
+
+class RequestLostError(BatchfleetError):
+    """Waiting on requests that can no longer finish: their pending record is gone (Redis
+    lost its data, or the ID never existed), or their lane's stream lost its entries after
+    they were enqueued. Submitting them again (same IDs) is safe: a finished ID is never
+    run twice. ``results`` holds what the same wait did get (None for each lost ID)."""
+
+    wire_type = "request_lost"
+    retryable = True
+
+    def __init__(self, request_ids: list[str], results: list[Any] | None = None) -> None:
+        shown = ", ".join(request_ids[:5]) + (" ..." if len(request_ids) > 5 else "")
+        super().__init__(f"{len(request_ids)} request(s) lost and will never finish "
+                         f"(submit them again): {shown}")
+        self.request_ids = request_ids
+        self.results: list[Any] = results or []
+
+
+class OverloadedError(BatchfleetError):
+    """New work refused: the store or a lane is past its admission mark. Retry after
+    ``retry_after_s``; the mark leaves room for workers to drain what is queued."""
+
+    wire_type = "overloaded"
+    retryable = True
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        #: IDs a ``submit_many`` had already enqueued before the refusal (they will run).
+        self.accepted: list[str] = []

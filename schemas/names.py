@@ -11,39 +11,16 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from schemas.errors import ValidationError
+from batchfleet.schemas.errors import ValidationError
+
+# The name and ID checks live with the other validators; re-exported for existing callers.
+from batchfleet.schemas.validation import check_model_name as check_model_name  # noqa: PLC0414
+from batchfleet.schemas.validation import check_request_id as check_request_id  # noqa: PLC0414
 
 LANE_INTERACTIVE: Final = "interactive"
 LANE_BULK: Final = "bulk"
 #: Lanes in the order a worker serves them: interactive traffic is never starved by bulk.
 LANES: Final = (LANE_INTERACTIVE, LANE_BULK)
-
-
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_GOOD_MODEL_NAMES: set[str] = set()
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
-
-
-def check_model_name(name: str) -> str:
-    """Model names become stream and topic names, so they are kept to a safe alphabet."""
-    if name in _GOOD_MODEL_NAMES:
-        return name
-    if not isinstance(name, str) or not _MODEL_NAME.match(name):
-        raise ValidationError(
-            f"model name {name!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
-        )
-    if len(_GOOD_MODEL_NAMES) < 1024:
-        _GOOD_MODEL_NAMES.add(name)
-    return name
-
-
-def check_request_id(request_id: str) -> str:
-    """Request IDs travel in keys and in comma-joined notifications, so no commas or spaces."""
-    if not _REQUEST_ID.match(request_id):
-        raise ValidationError(
-            f"request_id {request_id!r} must be 1-128 characters of letters, digits or ._:@-"
-        )
-    return request_id
 
 
 def check_lane(lane: str) -> str:
@@ -68,8 +45,9 @@ class Names:
         return f"{self.prefix}:stream:{model}:{lane}"
 
     def topic(self, model: str, lane: str) -> str:
-        """Kafka topic holding one model's requests on one priority lane (no ':' allowed)."""
-        return f"{self.prefix}.requests.{model}.{lane}"
+        """Kafka topic holding one model's requests on one priority lane (no ':' allowed);
+        a version lane ``model@label`` becomes ``model.at.label`` (no '@' either)."""
+        return f"{self.prefix}.requests.{model.replace('@', '.at.')}.{lane}"
 
     def result(self, request_id: str) -> str:
         """Hash holding a request's status and its encoded result envelope."""
@@ -85,9 +63,41 @@ class Names:
 
     @property
     def model_registry(self) -> str:
-        """Set of every model a worker has served: how submitters and the gateway tell an
-        unknown model (refused at once) from one whose workers are scaled to zero."""
+        """Index set of every model with a registry record (declared or ever served): how
+        submitters and the gateway tell an unknown model (refused at once) from one whose
+        workers are scaled to zero or not started yet."""
         return f"{self.prefix}:models"
+
+    def model(self, name: str) -> str:
+        """Hash holding one model's registry record (schemas/registry.py)."""
+        return f"{self.prefix}:model:{name}"
+
+    def model_history(self, name: str) -> str:
+        """Capped list (newest first) of one model's rollout policy changes."""
+        return f"{self.prefix}:model:{name}:history"
+
+    @property
+    def lane_loss(self) -> str:
+        """Hash ``{model}:{lane}`` -> epoch ms: a worker found that lane's stream or group
+        gone (Redis restarted empty, flushed, the key evicted) and recreated it. Requests
+        enqueued on it before that moment were lost; waiters read this to stop waiting."""
+        return f"{self.prefix}:lane-loss"
+
+    @property
+    def inflight_prefix(self) -> str:
+        """Prefix of the per-owner in-flight sorted sets (request ID -> expiry); the owner's
+        key ID completes the name. The result-writing script removes finished IDs."""
+        return f"{self.prefix}:inflight:"
+
+    def quota_bucket(self, owner: str) -> str:
+        """An API key's token bucket (hash: tokens, last refill)."""
+        return f"{self.prefix}:quota:{owner}"
+
+    @property
+    def cancelled(self) -> str:
+        """Sorted set of request IDs cancelled while queued (ID -> cancel time): Redis
+        Streams workers drop them unrun before compute; read only while it is non-empty."""
+        return f"{self.prefix}:cancelled"
 
     @property
     def retry_schedule(self) -> str:
@@ -107,6 +117,12 @@ class Names:
         """Key a live worker refreshes; its TTL makes dead workers disappear on their own."""
         return f"{self.prefix}:worker:{worker_id}"
 
+    @property
+    def live_workers(self) -> str:
+        """Sorted set: worker ID -> epoch seconds of its last beat, so readers find live
+        workers in one ``ZRANGEBYSCORE`` instead of scanning for heartbeat keys."""
+        return f"{self.prefix}:workers"
+
     def bulk_job(self, job_id: str) -> str:
         """Hash: a bulk job's identity, status, checkpoint and counters."""
         return f"{self.prefix}:bulk:job:{job_id}"
@@ -121,10 +137,6 @@ class Names:
         return f"{self.prefix}:bulk:jobs"
 
     @property
-    def worker_heartbeat_pattern(self) -> str:
-        return f"{self.prefix}:worker:*"
-
-    @property
     def webhook_queue(self) -> str:
         """RQ queue of webhook deliveries (RQ adds its own ``rq:queue:`` prefix)."""
         return f"{self.prefix}-webhooks"
@@ -136,3 +148,8 @@ class Names:
         (request, generation) is what makes enqueueing idempotent."""
         digest = hashlib.sha256(f"{self.prefix}\0{request_id}".encode()).hexdigest()[:32]
         return f"{re.sub(r'[^A-Za-z0-9_-]', '_', self.prefix)}-wh-{digest}-{generation}"
+
+
+def lane_loss_field(model: str, lane: str) -> str:
+    """Field of :attr:`Names.lane_loss` for one lane."""
+    return f"{model}:{lane}"

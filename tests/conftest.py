@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors.embedded_redis import EmbeddedRedis
+from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from tests.support.kafka import kafka_broker, kafka_server  # noqa: F401  (fixture re-exports)
 from tests.support.transports import Fleet, make_fleet
 

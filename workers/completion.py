@@ -6,25 +6,39 @@ are written in one Lua call per batch, and the broker ack happens only after
 both succeeded. If the store is down, each step is retried with backoff until
 it lands or the worker is stopped hard; the deliveries then stay unacked and
 are redelivered, never dropped.
+
+The ack invariant, checked in code by :func:`ack_plan`: a delivery is acked only
+on durable grounds. Its terminal result was written; or its write was refused,
+which the store does for exactly two reasons (the ID is already terminal, or it
+was replayed under a newer generation, i.e. this copy is superseded) and only
+with a generation the store's Lua compares exactly (at most 2^53-1); or its
+retry is parked on the schedule; or the failure policy found it superseded; or
+(on the other ack paths) it was dead-lettered with its bytes, or found already
+terminal. Anything else is refused loudly and left for redelivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import structlog
 
-from connectors.broker import Consumer, Delivery
-from connectors.dead_letters import Undecodable, UndecodableSink
-from connectors.result_store import ResultStore, TerminalWrite
-from schemas.envelopes import ErrorInfo, encode_result
-from schemas.errors import ResultStoreError, TransportError
-from workers.backoff import compute_backoff
-from workers.failures import Disposition, FailurePolicy
-from workers.intake import Answer, Job
+from batchfleet.connectors.broker import Consumer, Delivery
+from batchfleet.connectors.dead_letters import Undecodable, UndecodableSink
+from batchfleet.connectors.result_store import ResultStore, TerminalWrite
+from batchfleet.schemas.envelopes import (
+    MAX_EXACT_INT,
+    ErrorInfo,
+    encode_result,
+    lua_exact_generation,
+)
+from batchfleet.schemas.errors import ResultStoreError, TransportError
+from batchfleet.workers.backoff import compute_backoff
+from batchfleet.workers.failures import Disposition, FailurePolicy
+from batchfleet.workers.intake import Answer, Job
 
 log = structlog.get_logger("batchfleet.completion")
 
@@ -40,6 +54,39 @@ class Completed:
     won: list[bool] = field(default_factory=list)
     rescheduled: list[Delivery] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    #: Copies dropped as superseded (newer generation, or finished meanwhile), acked.
+    superseded: list[Delivery] = field(default_factory=list)
+    #: Deliveries left unacked because nothing durable backs them (see ack_plan).
+    refused: list[Delivery] = field(default_factory=list)
+
+
+def ack_plan(answers: Sequence[Answer], won: Sequence[bool], parked: Sequence[Delivery] = (),
+             superseded: Sequence[Delivery] = ()) -> tuple[list[Delivery], list[Delivery]]:
+    """Split a completion's deliveries into those it may ack and those it must not.
+
+    An answer's delivery may be acked when its write won, or when the store refused
+    it and the refusal can be trusted: a generation outside 0..2^53-1 compares wrongly
+    inside Lua, so a refusal then proves nothing (that is how a request once vanished).
+    Parked retries and superseded copies have their own durable grounds.
+    """
+    if len(won) != len(answers):
+        raise ValueError(f"{len(answers)} answers but {len(won)} write outcomes")
+    ok: list[Delivery] = []
+    refused: list[Delivery] = []
+    for answer, first in zip(answers, won, strict=True):
+        trusted = 0 <= answer.generation <= MAX_EXACT_INT
+        (ok if first or trusted else refused).append(answer.delivery)
+    return [*ok, *parked, *superseded], refused
+
+
+def storable(answer: Answer) -> Answer:
+    """The answer with a generation the store compares exactly: a bad-input answer can
+    carry whatever generation the raw message claimed, and its ``failed`` result must
+    land (under generation 0) rather than be refused as if stale."""
+    gen = lua_exact_generation(answer.generation)
+    if gen == answer.generation:
+        return answer
+    return replace(answer, generation=gen, result=replace(answer.result, generation=gen))
 
 
 class CallbackSink(Protocol):
@@ -48,6 +95,12 @@ class CallbackSink(Protocol):
     enqueue, so the write path retries instead of losing the callback."""
 
     async def enqueue(self, answers: Sequence[Answer]) -> None: ...
+
+
+class Releaser(Protocol):
+    """Told which deliveries are acked or let go (the worker's leases stop holding them)."""
+
+    def release(self, deliveries: Sequence[Delivery]) -> None: ...
 
 
 class ResultWriter:
@@ -59,6 +112,7 @@ class ResultWriter:
         policy: FailurePolicy,
         *,
         callbacks: CallbackSink | None = None,
+        leases: Releaser | None = None,
         on_store: Callable[[bool], None] = lambda ok: None,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 2.0,
@@ -68,6 +122,7 @@ class ResultWriter:
         self._dead_letters = dead_letters
         self._policy = policy
         self._callbacks = callbacks
+        self._leases = leases
         self._on_store = on_store
         self._base = retry_base_s
         self._cap = retry_cap_s
@@ -75,9 +130,20 @@ class ResultWriter:
     async def complete(
         self, answers: Sequence[Answer], failed: Sequence[tuple[Job, ErrorInfo]] = ()
     ) -> Completed:
+        try:
+            return await self._complete(answers, failed)
+        except BaseException:
+            # Cancelled at the grace deadline, or a bug: whatever is not acked must be let
+            # go, or its lease would keep it from every other worker while this one lives.
+            self._release([a.delivery for a in answers] + [j.delivery for j, _ in failed])
+            raise
+
+    async def _complete(
+        self, answers: Sequence[Answer], failed: Sequence[tuple[Job, ErrorInfo]]
+    ) -> Completed:
         settled = (await self.retrying("failure policy", self._policy.on_failures, failed)
                    if failed else Disposition())
-        all_answers = [*answers, *settled.answers]
+        all_answers = [storable(a) for a in (*answers, *settled.answers)]
         writes = [
             TerminalWrite(a.result.request_id, a.result.status, encode_result(a.result),
                           a.notify, a.generation)
@@ -90,13 +156,20 @@ class ResultWriter:
             # so a duplicate or a losing write never sends a second or a wrong result.
             await self.retrying("enqueue webhooks", self._callbacks.enqueue, hooked)
         won = await self.retrying("write results", self._store.write_terminal, writes)
-        to_ack: list[Delivery] = [a.delivery for a in all_answers] + settled.rescheduled
-        await self.retrying("ack", self._consumer.ack, to_ack)
-        return Completed(all_answers, won, settled.rescheduled, settled.dead_lettered)
+        to_ack, refused = ack_plan(all_answers, won, settled.rescheduled, settled.superseded)
+        if refused:
+            log.error("not acking deliveries with no durable outcome; they will be redelivered",
+                      request_ids=[a.result.request_id for a in all_answers
+                                   if a.delivery in refused])
+            self._release(refused)
+        await self._ack(to_ack)
+        return Completed(all_answers, won, settled.rescheduled, settled.dead_lettered,
+                         settled.superseded, refused)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Ack deliveries that need no result written (theirs already is)."""
-        await self.retrying("ack", self._consumer.ack, deliveries)
+        """Ack deliveries that need no result written: theirs is terminal already, or a
+        newer generation superseded them."""
+        await self._ack(deliveries)
 
     async def dead_letter(self, items: Sequence[tuple[Delivery, Undecodable]]) -> None:
         """Keep undecodable messages with their raw bytes, then ack them so they never block."""
@@ -106,7 +179,16 @@ class ResultWriter:
             log.warning("undecodable message dead-lettered", source=item.source,
                         reason=item.reason, raw_bytes=len(item.raw))
         await self.retrying("dead-letter", self._dead_letters.add, [u for _, u in items])
-        await self.retrying("ack", self._consumer.ack, [d for d, _ in items])
+        await self._ack([d for d, _ in items])
+
+    async def _ack(self, deliveries: Sequence[Delivery]) -> None:
+        if deliveries:
+            await self.retrying("ack", self._consumer.ack, deliveries)
+        self._release(deliveries)
+
+    def _release(self, deliveries: Sequence[Delivery]) -> None:
+        if self._leases is not None:
+            self._leases.release(deliveries)
 
     async def retrying(self, what: str, call: Callable[[A], Awaitable[R]], arg: A) -> R:
         """Call until it succeeds, with backoff: on these paths giving up would lose work."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -1,8 +1,11 @@
 """What happens to a request whose compute failed: the failure policy seam.
 
 The worker never decides this itself; it hands the failed jobs to a policy and
-gets back a :class:`Disposition`: terminal answers to write (then ack), and
-deliveries the policy has re-enqueued itself (ack them now). :class:`FailFast`
+gets back a :class:`Disposition`: terminal answers to write (then ack),
+deliveries the policy has re-enqueued itself (ack them now), and superseded
+copies it dropped (ack them: a replay moved their request to a newer
+generation, or it finished meanwhile; they are neither retried nor
+dead-lettered). :class:`FailFast`
 answers ``failed`` at once; ``workers.retry.RetryingFailurePolicy`` retries
 with backoff and dead-letters.
 """
@@ -14,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from connectors.broker import Delivery
-from schemas.envelopes import ErrorInfo
-from workers.intake import Answer, Job, answer_without_compute
+from batchfleet.connectors.broker import Delivery
+from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.workers.intake import Answer, Job, answer_without_compute
 
 
 @dataclass(slots=True)
@@ -25,6 +28,8 @@ class Disposition:
     rescheduled: list[Delivery] = field(default_factory=list)
     #: (model, lane) of each request sent to the DLQ.
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    #: Copies dropped because their request is at a newer generation or already finished.
+    superseded: list[Delivery] = field(default_factory=list)
 
 
 class FailurePolicy(Protocol):

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+
+from batchfleet.schemas.errors import ConfigError
 
 log = structlog.get_logger("batchfleet.health")
 
@@ -34,8 +37,14 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
-        """Listen; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        """Listen; returns the bound port (useful with port 0). A port that cannot be bound
+        is a :class:`ConfigError`: the worker binds it before anything else starts."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:  # the port is taken, or the host is not ours
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise ConfigError(f"--metrics-port {self._port}: cannot listen on "
+                              f"{self._host}:{self._port}: {reason}") from exc
         port = int(self._server.sockets[0].getsockname()[1])
         log.info("health and metrics listening", host=self._host, port=port)
         return port

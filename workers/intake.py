@@ -2,30 +2,33 @@
 
 Everything that can be decided before the model runs is decided here, for a
 whole batch at once: broken bytes, wrong dtype or shape, an unknown model and
-a passed deadline. Each becomes a terminal answer that explains it; only
+a passed deadline, and input outside the model's domain (its handler's
+``validate`` hook). Each becomes a terminal answer that explains it; only
 valid, live requests go on to the batcher.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from connectors.broker import Delivery
-from connectors.dead_letters import Undecodable
-from schemas.envelopes import (
+from batchfleet.connectors.broker import Delivery
+from batchfleet.connectors.dead_letters import Undecodable
+from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,
     ErrorInfo,
     Limits,
     Request,
     Result,
     decode_request_header,
+    lua_exact_generation,
     request_from_header,
 )
-from schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
-from workers.models.handler import ModelHandler, check_inputs
-from workers.runner import BatchRun
+from batchfleet.schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
+from batchfleet.schemas.validation import check_notify
+from batchfleet.workers.models.handler import ModelHandler, validate_request
+from batchfleet.workers.runner import BatchRun
 
 EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
 
@@ -38,6 +41,10 @@ class Job:
     request: Request
     #: Set once computed, so even a failure's result names the model version that failed.
     model_version: str = ""
+    #: A suspect (redelivered after its worker died): it runs in a batch of its own.
+    solo: bool = False
+    #: The version label routing chose ("": the model's first version on this worker).
+    version: str = ""
 
 
 @dataclass(slots=True)
@@ -57,6 +64,10 @@ class Intake:
     jobs: list[Job] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     undecodable: list[tuple[Delivery, Undecodable]] = field(default_factory=list)
+    #: Jobs a middleware refused to run, with the terminal error the failure policy settles.
+    failed: list[tuple[Job, ErrorInfo]] = field(default_factory=list)
+    #: Deliveries to ack without a result: already terminal, or superseded by a replay.
+    finished: list[Delivery] = field(default_factory=list)
 
 
 def answer_without_compute(
@@ -68,6 +79,7 @@ def answer_without_compute(
         error=error, model=request.model, model_version=model_version, attempts=request.attempt,
         enqueued_at=request.enqueued_at, finished_at=now, generation=request.generation,
         queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
+        owner=request.owner,
     )
     return Answer(delivery, result, request.notify, request.generation, request.callback_url)
 
@@ -94,7 +106,8 @@ def decode_deliveries(
             continue
         try:
             request = request_from_header(header)
-            if request.model != delivery.model:
+            # a version lane (``demo-mlp@v2``) carries its model's requests
+            if request.model != delivery.model.partition("@")[0]:
                 raise ValidationError(
                     f"request names model {request.model!r} but was published to the "
                     f"{delivery.model!r} lane"
@@ -104,7 +117,7 @@ def decode_deliveries(
                 raise UnknownModelError(
                     f"model {request.model!r} is not served here (serving: {', '.join(handlers)})"
                 )
-            check_inputs(handler.input_spec, request.inputs)
+            validate_request(handler, request.inputs)
         except (SchemaError, UnknownModelError) as exc:
             out.answers.append(answer_without_compute(
                 delivery, _partial_request(header.request_id, header.model, header.raw),
@@ -136,6 +149,7 @@ def answers_from_run(
             started_at=run.started_at, finished_at=finished_at,
             queue_ms=max(0.0, (run.started_at - req.enqueued_at) * 1000.0),
             compute_ms=run.compute_s * 1000.0, batch_size=len(jobs), generation=req.generation,
+            owner=req.owner,
         )
         answers.append(Answer(job.delivery, result, req.notify, req.generation,
                               req.callback_url))
@@ -157,16 +171,27 @@ def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answ
 
 
 def _partial_request(request_id: str, model: object, fields: Mapping[str, object]) -> Request:
-    """What is known of a request that failed validation: enough to answer it."""
+    """What is known of a request that failed validation: enough to answer it.
+
+    Every field is re-checked, since the request as a whole was refused: a field
+    that is itself out of range is left out rather than trusted.
+    """
     enqueued = fields.get("enqueued_at")
-    notify = fields.get("notify")
-    generation = fields.get("generation")
     callback = fields.get("callback_url")
+    owner = fields.get("owner")
     return Request(
         request_id, model if isinstance(model, str) else "", {},
         enqueued_at=float(enqueued) if isinstance(enqueued, int | float) else 0.0,
-        notify=notify if isinstance(notify, str) else None,
+        notify=_valid_or_none(check_notify, fields.get("notify")),
         callback_url=callback if isinstance(callback, str) else None,
         # without it, the answer to a replayed request would be fenced off as stale
-        generation=generation if isinstance(generation, int) and generation >= 0 else 0,
+        generation=lua_exact_generation(fields.get("generation")),
+        owner=owner if isinstance(owner, str) and len(owner) <= 128 else None,
     )
+
+
+def _valid_or_none(check: Callable[[object], str], value: object) -> str | None:
+    try:
+        return check(value)
+    except ValidationError:
+        return None

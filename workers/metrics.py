@@ -10,22 +10,38 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from connectors.broker import LaneBacklog
-from workers.breaker import CircuitBreaker
-from workers.completion import Completed
+from batchfleet.connectors.broker import LaneBacklog
+from batchfleet.workers.breaker import BreakerState, CircuitBreaker
+from batchfleet.workers.completion import Completed
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                     60, 300)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)
 #: Weight of the newest throughput sample in the moving average behind time-to-drain.
 _EWMA_ALPHA = 0.3
 #: How many recent latencies per lane the p99 is computed over.
 _RECENT = 2048
+
+
+class BreakerView(Protocol):
+    """A breaker as the gauges read it (a ``CircuitBreaker``, or all of a worker's model
+    breakers read as one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state(self) -> BreakerState: ...
+
+    @property
+    def trips(self) -> int: ...
 
 
 class WorkerMetrics:
@@ -64,14 +80,44 @@ class WorkerMetrics:
                                    ["breaker"], registry=r)
         self.breaker_trips = Gauge("batchfleet_breaker_trips", "Times a breaker has opened",
                                    ["breaker"], registry=r)
+        self.model_breaker_state = Gauge("batchfleet_model_breaker_state", "A model's own "
+                                         "breaker: 0 closed, 1 half-open, 2 open", ["model"],
+                                         registry=r)
+        self.model_breaker_trips = Gauge("batchfleet_model_breaker_trips", "Times a model's "
+                                         "breaker has opened", ["model"], registry=r)
+        self.lane_pauses = Counter("batchfleet_lane_pauses", "Times this worker stopped "
+                                   "pulling a model's lanes (its breaker or the store's "
+                                   "opened)", ["model"], registry=r)
         self.in_flight = Gauge("batchfleet_in_flight", "Requests fetched and not yet acked",
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
+        self.model_accuracy = Gauge("batchfleet_model_accuracy_diff", "A non-eager runtime's "
+                                    "difference from eager fp32 on the calibration rows "
+                                    "(stat: max_abs, mean_abs, relative)", ["model", "stat"],
+                                    registry=r)
         self.device_memory = Gauge("batchfleet_device_memory_bytes", "CUDA memory allocated "
                                    "(only on CUDA)", ["device"], registry=r)
         self.up = Gauge("batchfleet_worker_up", "1 while the worker is consuming", ["model"],
                         registry=r)
+        # Rollout (docs/rollout.md): per version label and role (stable, canary, shadow,
+        # pinned), shadow comparisons, and the guard's automatic rollbacks.
+        self.version_requests = Counter("batchfleet_version_requests", "Requests computed "
+                                        "by a version (outcome: ok, error)",
+                                        ["model", "version", "role", "outcome"], registry=r)
+        self.version_compute = Histogram("batchfleet_version_compute_seconds", "Compute "
+                                         "time of one batch of a version",
+                                         ["model", "version", "role"],
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.shadow_requests = Counter("batchfleet_shadow_requests", "Stable requests "
+                                       "offered to the shadow version (outcome: compared, "
+                                       "skipped, error)", ["model", "outcome"], registry=r)
+        self.shadow_diff = Histogram("batchfleet_shadow_abs_diff", "Largest absolute "
+                                     "difference between a request's shadow and stable "
+                                     "outputs", ["model"], buckets=_DIFF_BUCKETS, registry=r)
+        self.auto_rollbacks = Counter("batchfleet_rollout_auto_rollbacks", "Canaries the "
+                                      "guard rolled back (counted by the worker that did it)",
+                                      ["model"], registry=r)
         self._done_since = 0
         self._last_sample = time.monotonic()
         self._rate = 0.0
@@ -80,10 +126,20 @@ class WorkerMetrics:
         #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
         self.lanes: dict[str, dict[str, float | None]] = {}
         self.throughput_rps = 0.0
+        self._pauses: dict[str, int] = {}
 
     def on_batch(self, model: str, lane: str, size: int, compute_s: float) -> None:
         self.batch_size.labels(model, lane).observe(size)
         self.compute.labels(model, lane).observe(compute_s)
+
+    def on_lanes_paused(self, models: Iterable[str]) -> None:
+        for model in models:
+            self.lane_pauses.labels(model).inc()
+            self._pauses[model] = self._pauses.get(model, 0) + 1
+
+    def lane_pause_counts(self) -> dict[str, int]:
+        """Lane pauses per model so far (for the heartbeat and tests)."""
+        return dict(self._pauses)
 
     def on_completed(self, done: Completed, now: float) -> None:
         """Count a written batch: one labelled update per (model, lane, status), not per
@@ -125,7 +181,8 @@ class WorkerMetrics:
             self.dead_lettered.labels(model, lane).inc()
 
     def sample(self, backlog: Sequence[LaneBacklog], dlq_sizes: dict[str, int],
-               breakers: Iterable[CircuitBreaker], in_flight: dict[str, int]) -> None:
+               breakers: Iterable[BreakerView], in_flight: dict[str, int],
+               model_breakers: Mapping[str, CircuitBreaker] | None = None) -> None:
         now = time.monotonic()
         elapsed = max(1e-6, now - self._last_sample)
         rate = self._done_since / elapsed
@@ -151,6 +208,9 @@ class WorkerMetrics:
         for breaker in breakers:
             self.breaker_state.labels(breaker.name).set(breaker.state.code)
             self.breaker_trips.labels(breaker.name).set(breaker.trips)
+        for model, breaker in (model_breakers or {}).items():
+            self.model_breaker_state.labels(model).set(breaker.state.code)
+            self.model_breaker_trips.labels(model).set(breaker.trips)
         for model, count in in_flight.items():
             self.in_flight.labels(model).set(count)
 

@@ -5,8 +5,12 @@ a retryable failure is re-stamped with its next attempt and scheduled on the
 due-time schedule (see ``connectors.retry_schedule`` for why a schedule), and
 its delivery is then acked; an exhausted or quarantined one goes to its
 model's DLQ with its error history *and* gets a terminal ``failed`` result.
-Validation errors are never retried. :class:`RetryPump` moves due retries back
-onto their lanes.
+Validation errors are never retried. A stale copy (its request was replayed
+under a newer generation, or finished meanwhile) is neither retried nor
+dead-lettered: both the schedule and the DLQ refuse it atomically, and its
+delivery is acked as superseded. The DLQ keeps one letter per request ID and
+generation, so a completion that runs twice dead-letters once.
+:class:`RetryPump` moves due retries back onto their lanes.
 """
 
 from __future__ import annotations
@@ -16,18 +20,23 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from connectors.broker import OutboundMessage, Publisher
-from connectors.dead_letters import DeadLetter, DeadLetterQueue
-from connectors.retry_schedule import RetrySchedule
-from schemas.envelopes import ErrorInfo, decode_request_header, encode_request
-from schemas.errors import BatchfleetError, DecodeError
-from workers.backoff import compute_backoff
-from workers.failures import Disposition
-from workers.intake import Job, answer_without_compute
+from batchfleet.connectors import control_plane_for
+from batchfleet.connectors.broker import OutboundMessage, Publisher
+from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
+from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
+from batchfleet.schemas.errors import BatchfleetError, DecodeError
+from batchfleet.workers.backoff import compute_backoff
+from batchfleet.workers.failures import Disposition
+from batchfleet.workers.intake import Job, answer_without_compute
+
+if TYPE_CHECKING:
+    from batchfleet.connectors.result_store import ResultStore
+    from batchfleet.workers.settings import WorkerSettings
 
 log = structlog.get_logger("batchfleet.retry")
 
@@ -90,8 +99,9 @@ class RetryingFailurePolicy:
     async def on_failures(self, failed: Sequence[tuple[Job, ErrorInfo]]) -> Disposition:
         now = self._clock()
         out = Disposition()
-        retries: list[tuple[float, bytes]] = []
-        letters: list[DeadLetter] = []
+        retries: list[tuple[Job, Retry]] = []
+        letters: list[tuple[Job, DeadLetter, ErrorInfo]] = []
+        fails: list[tuple[Job, ErrorInfo]] = []
         for job, error in failed:
             req = job.request
             cfg = self.config_for(req.model)
@@ -102,21 +112,32 @@ class RetryingFailurePolicy:
                 delay = compute_backoff(req.attempt, base_s=cfg.base_s, cap_s=cfg.cap_s,
                                         rand=self._rand)
                 nxt = replace(req, attempt=req.attempt + 1, history=history)
-                retries.append((now + delay, encode_request(nxt)))
-                out.rescheduled.append(job.delivery)
+                retries.append((job, Retry(now + delay, encode_request(nxt), req.request_id,
+                                           req.generation)))
+            elif action == "dead_letter":
+                letters.append((job, DeadLetter(
+                    req.request_id, req.model, job.delivery.payload, req.attempt, history,
+                    error.type, now, generation=req.generation), error))
+            else:
+                fails.append((job, error))
+        scheduled = await self._schedule.add_live([r for _, r in retries])
+        for (job, _), ok in zip(retries, scheduled, strict=True):
+            (out.rescheduled if ok else out.superseded).append(job.delivery)
+        lettered = await self._dlq.add([dl for _, dl, _ in letters])
+        for (job, dl, error), how in zip(letters, lettered, strict=True):
+            if how is Lettered.STALE:
+                out.superseded.append(job.delivery)
                 continue
-            final = error
-            if action == "dead_letter":
-                out.dead_lettered.append((req.model, req.lane))
-                letters.append(DeadLetter(req.request_id, req.model, job.delivery.payload,
-                                          req.attempt, history, error.type, now))
-                final = ErrorInfo(error.type, f"{error.message} (dead-lettered after attempt "
-                                  f"{req.attempt}; see `batchfleet dlq show {req.request_id}`)",
-                                  error.retryable)
-            out.answers.append(answer_without_compute(job.delivery, req, "failed", final, now,
-                                                      job.model_version))
-        await self._schedule.add(retries)
-        await self._dlq.add(letters)
+            if how is Lettered.ADDED:
+                out.dead_lettered.append((dl.model, job.request.lane))
+            # KNOWN still answers: an earlier run may have lettered it and died before
+            # its failed result was written (the write is refused if it was).
+            fails.append((job, ErrorInfo(
+                error.type, f"{error.message} (dead-lettered after attempt {dl.attempts}; "
+                f"see `batchfleet dlq show {dl.request_id}`)", error.retryable)))
+        out.answers = [answer_without_compute(job.delivery, job.request, "failed", error, now,
+                                              job.model_version)
+                       for job, error in fails]
         return out
 
 
@@ -160,3 +181,12 @@ class RetryPump:
                     await asyncio.wait_for(stop.wait(), self._interval_s)
                 except TimeoutError:
                     continue
+
+
+def default_policy(settings: WorkerSettings, store: ResultStore) -> RetryingFailurePolicy:
+    """The failure policy the settings describe: retries with backoff, then the DLQ."""
+    s = settings
+    default = RetryConfig(s.max_attempts, s.retry_base_s, s.retry_cap_s)
+    per_model = {m: RetryConfig.parse(spec, default) for m, spec in s.retry_overrides}
+    plane = control_plane_for(store)
+    return RetryingFailurePolicy(plane.retry_schedule, plane.dead_letters, default, per_model)

@@ -16,9 +16,9 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from schemas.errors import BatchfleetError, ModelError, OutOfMemoryError
-from schemas.tensors import Tensors
-from workers.models.handler import ModelHandler
+from batchfleet.schemas.errors import BatchfleetError, ModelError, OutOfMemoryError
+from batchfleet.schemas.tensors import Tensors
+from batchfleet.workers.models.handler import ModelHandler
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.completion import Completed
+from batchfleet.workers.completion import Completed
 
 
 @dataclass(slots=True)
@@ -17,6 +17,8 @@ class WorkerStats:
     failed: int = 0
     expired: int = 0
     duplicates: int = 0
+    #: Copies dropped, not run or retried: a replay superseded them, or they finished.
+    stale: int = 0
     retried: int = 0
     dead_lettered: int = 0
     quarantined: int = 0
@@ -25,6 +27,7 @@ class WorkerStats:
     def count(self, done: Completed) -> None:
         self.retried += len(done.rescheduled)
         self.dead_lettered += len(done.dead_lettered)
+        self.stale += len(done.superseded)
         for answer, first in zip(done.answers, done.won, strict=True):
             if not first:
                 self.duplicates += 1

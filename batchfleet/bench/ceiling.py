@@ -23,8 +23,8 @@ import torch
 
 from batchfleet.bench.procstat import system_busy_seconds
 from batchfleet.demo import demo_inputs
-from workers.models import load_models
-from workers.runner import ModelRunner
+from batchfleet.workers.models import load_models
+from batchfleet.workers.runner import ModelRunner
 
 #: A round during which other processes kept more cores than this busy is run again.
 NOISE_CORES = 0.15

@@ -20,7 +20,7 @@ import numpy as np
 
 from batchfleet.bench.procstat import CpuMeter, CpuSnapshot
 from batchfleet.bench.samples import Sample, in_window, sample_of
-from producers import AsyncClient
+from batchfleet.producers import AsyncClient
 
 WAIT_TIMEOUT_S = 120.0
 

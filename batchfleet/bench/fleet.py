@@ -15,8 +15,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from batchfleet.bench.procstat import children, process_name
+from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from batchfleet.processes import WorkerProcess
-from connectors.embedded_redis import EmbeddedRedis
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ def services(redis_url: str | None, kafka_url: str | None, need_kafka: bool,
         if redis_url is None:
             redis_url = stack.enter_context(EmbeddedRedis()).url
         if need_kafka and kafka_url is None:
-            from connectors.embedded_kafka import EmbeddedKafka
+            from batchfleet.connectors.embedded_kafka import EmbeddedKafka
 
             kafka_url = stack.enter_context(EmbeddedKafka()).url
         yield Services(redis_url, kafka_url, worker_env)

@@ -23,7 +23,7 @@ from rq import Queue
 
 from batchfleet.bench.procstat import CpuMeter
 from batchfleet.bench.rq_jobs import predict_one
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
 _ENQUEUE_CHUNK = 500
 _WARM_TIMEOUT_S = 120.0

@@ -20,8 +20,8 @@ import numpy as np
 
 from batchfleet.bench.procstat import CpuMeter
 from batchfleet.bench.samples import Sample, sample_of
-from producers import AsyncClient
-from producers.client import new_request_id
+from batchfleet.producers import AsyncClient
+from batchfleet.producers.client import new_request_id
 
 #: Submits in flight at once. Each in-flight submit holds one of the SDK's pooled
 #: connections, and redis-py 8's asyncio pool raises "Too many connections" past 100

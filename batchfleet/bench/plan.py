@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError
 
 MODELS = ("demo-mlp", "demo-encoder")
 TRANSPORTS = ("redis", "kafka")
@@ -61,6 +61,19 @@ class SweepPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class FloodPlan:
+    """The isolation scenario: demo-mlp at ``mlp_rps`` alone, then while ``flood_rps`` bad
+    demo-encoder requests a second hit the same worker; each phase ``seconds`` long."""
+
+    transport: str = "redis"
+    mlp_rps: float = 100.0
+    flood_rps: float = 40.0
+    seconds: float = 10.0
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
 class BenchPlan:
     models: tuple[ModelPlan, ...]
     transports: tuple[str, ...]
@@ -98,6 +111,8 @@ class BenchPlan:
     redis_url: str | None = None
     kafka_url: str | None = None
     seed: int = 7
+    #: The failure-isolation scenario (demo-mlp under a bad demo-encoder flood); opt-in.
+    flood: FloodPlan | None = None
 
     def validated(self) -> BenchPlan:
         for t in self.transports:

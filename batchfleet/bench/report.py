@@ -153,6 +153,11 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "\n## Latency (open loop, Poisson, submit to result available)\n",
                 latency_table(report), "\n## Baselines (same run, same machine)\n",
                 baselines_table(report)]
+    if report.get("flood"):
+        from batchfleet.bench.flood import flood_table
+
+        sections += ["\n## Isolation (demo-mlp under a bad demo-encoder flood)\n",
+                     flood_table(report)]
     if report.get("sweep"):
         sections += ["\n## Sweep\n", sweep_table(report)]
     if report.get("profiles"):

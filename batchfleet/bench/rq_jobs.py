@@ -19,7 +19,7 @@ _models: dict[str, Any] = {}
 def _mlp() -> Any:
     model = _models.get("demo-mlp")
     if model is None:
-        from workers.models.builtin import build_mlp
+        from batchfleet.workers.models.builtin import build_mlp
 
         model = _models["demo-mlp"] = build_mlp()
     return model

@@ -26,6 +26,7 @@ import torch
 
 from batchfleet.bench.ceiling import model_ceiling
 from batchfleet.bench.fleet import services
+from batchfleet.bench.flood import run_flood
 from batchfleet.bench.naive_rq import naive_rq
 from batchfleet.bench.plan import BenchPlan
 from batchfleet.bench.profiling import py_spy, summarize
@@ -33,7 +34,7 @@ from batchfleet.bench.report import render_markdown
 from batchfleet.bench.scenario import Phases, ProfilerFactory, run_scenario
 from batchfleet.bench.sweep import run_sweep
 from batchfleet.bench.targets import evaluate
-from connectors.embedded_redis import find_redis_server
+from batchfleet.connectors.embedded_redis import find_redis_server
 
 Progress = Callable[[str], None]
 
@@ -196,8 +197,9 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
     phases = Phases(plan.warmup_s, plan.closed_s, plan.open_s, plan.loads, plan.max_requests,
                     plan.coalesced_load, plan.noise_retries, plan.noise_cores)
     profiles: dict[str, Any] = {}
-    with services(plan.redis_url, plan.kafka_url, "kafka" in plan.transports,
-                  worker_env) as svc:
+    need_kafka = "kafka" in plan.transports or (
+        plan.flood is not None and plan.flood.transport == "kafka")
+    with services(plan.redis_url, plan.kafka_url, need_kafka, worker_env) as svc:
         if plan.rq_classes:
             say(f"naive RQ on the same Redis: {', '.join(plan.rq_classes)}")
             report["naive_rq"] = naive_rq(svc.redis_url, plan.rq_classes, plan.rq_jobs,
@@ -214,6 +216,12 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
                     model_cpu_per_wall=report["ceilings"][m.model]["handler"]["cpu_per_wall"],
                     profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None))
                 _save(plan, {**report, "profiles": profiles}, complete=False)
+        if plan.flood is not None:
+            flood = plan.flood
+            say(f"isolation: demo-mlp at {flood.mlp_rps:g}/s over {flood.transport}, alone "
+                f"then with {flood.flood_rps:g}/s bad demo-encoder requests")
+            report["flood"] = run_flood(svc, flood, plan.seed)
+            _save(plan, {**report, "profiles": profiles}, complete=False)
         if plan.sweep is not None:
             sweep = plan.sweep
             say(f"sweep: {sweep.model} over {sweep.transport}, batch {sweep.batch_sizes} x "

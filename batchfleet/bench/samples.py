@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.envelopes import Result
+from batchfleet.schemas.envelopes import Result
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from batchfleet.bench.plan import ModelPlan
 from batchfleet.bench.procstat import CpuMeter
 from batchfleet.bench.samples import batch_totals, latency_summary, time_split
 from batchfleet.demo import demo_inputs
-from producers import AsyncClient
+from batchfleet.producers import AsyncClient
 
 #: Pool of distinct inputs the scenario cycles through.
 _INPUT_POOL = 4096

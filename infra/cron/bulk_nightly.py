@@ -37,7 +37,7 @@ import os
 
 from rq import cron
 
-from producers.bulk.scheduled import run_nightly
+from batchfleet.producers.bulk.scheduled import run_nightly
 
 
 def _required(name: str) -> str:

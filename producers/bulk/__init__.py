@@ -6,22 +6,37 @@ results in input order with a durable checkpoint in Redis, so a killed job
 resumes where it stopped. See ``docs/bulk.md``.
 """
 
-from producers.bulk.errors import (
+from batchfleet.producers.bulk.errors import (
     BulkError,
+    EarlyStopError,
     FailureRateExceededError,
     InputFormatError,
     JobConflictError,
     LeaseLostError,
+    OutputMissingError,
 )
-from producers.bulk.job import Endpoints, run_job
-from producers.bulk.progress import BarProgress, LogProgress, NoProgress, ProgressReporter
-from producers.bulk.report import JobReport, exit_code, summary_table
-from producers.bulk.spec import JobSpec, Tuning, new_job_id, request_id_for
-from producers.bulk.state import JobRecord, list_jobs, load_job, request_cancel
+from batchfleet.producers.bulk.job import Endpoints, run_job
+from batchfleet.producers.bulk.progress import (
+    BarProgress,
+    LogProgress,
+    NoProgress,
+    ProgressReporter,
+)
+from batchfleet.producers.bulk.report import JobReport, exit_code, summary_table
+from batchfleet.producers.bulk.spec import (
+    MAX_LINE_BYTES,
+    JobSpec,
+    Tuning,
+    new_job_id,
+    request_id_for,
+)
+from batchfleet.producers.bulk.state import JobRecord, list_jobs, load_job, request_cancel
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "BarProgress",
     "BulkError",
+    "EarlyStopError",
     "Endpoints",
     "FailureRateExceededError",
     "InputFormatError",
@@ -32,6 +47,7 @@ __all__ = [
     "LeaseLostError",
     "LogProgress",
     "NoProgress",
+    "OutputMissingError",
     "ProgressReporter",
     "Tuning",
     "exit_code",

@@ -7,7 +7,7 @@ can tell "fix your input" from "someone else is running this job".
 
 from __future__ import annotations
 
-from schemas.errors import BatchfleetError
+from batchfleet.schemas.errors import BatchfleetError
 
 
 class BulkError(BatchfleetError):
@@ -41,3 +41,21 @@ class FailureRateExceededError(BulkError):
     """A job finished with more failed rows than allowed (so a scheduler marks it failed)."""
 
     wire_type = "bulk_failure_rate"
+
+
+class OutputMissingError(BulkError):
+    """A file the checkpoint vouches for is gone or shorter: resuming would silently lose rows.
+
+    The fix is the operator's (restore the file, or ``--restart``), so the message says both.
+    """
+
+    wire_type = "bulk_output_missing"
+
+
+class EarlyStopError(BulkError):
+    """The first rows of a job all failed the same way: the input or options are wrong.
+
+    Scoring the rest would only fill the errors file, so the job stops and says what to fix.
+    """
+
+    wire_type = "bulk_early_stop"

@@ -19,20 +19,30 @@ from typing import Any, TypeVar
 
 import structlog
 
-from connectors import BrokerURL, open_result_store, redis_client, results_url_for
-from connectors.result_store import ResultStore
-from producers.bulk.errors import LeaseLostError
-from producers.bulk.progress import NoProgress, ProgressReporter
-from producers.bulk.report import JobReport
-from producers.bulk.rows import Position
-from producers.bulk.sinks import Sink, open_sink
-from producers.bulk.sources import Source, open_source
-from producers.bulk.spec import JobSpec, Tuning, request_id_for
-from producers.bulk.state import LEASE_TTL_S, JobRecord, JobStore
-from producers.bulk.window import Scorer
-from producers.client import AsyncClient
-from schemas.errors import BatchfleetError
-from schemas.names import Names
+from batchfleet.connectors import (
+    BrokerURL,
+    control_plane_for,
+    open_result_store,
+    results_url_for,
+)
+from batchfleet.connectors.bulk_jobs import open_bulk_jobs
+from batchfleet.connectors.result_store import ResultStore
+from batchfleet.producers.bulk.errors import EarlyStopError, LeaseLostError
+from batchfleet.producers.bulk.files import check_files
+from batchfleet.producers.bulk.guard import EarlyStop, with_hint
+from batchfleet.producers.bulk.progress import NoProgress, ProgressReporter
+from batchfleet.producers.bulk.report import JobReport
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sinks import Sink, open_sink
+from batchfleet.producers.bulk.sources import Source, open_source
+from batchfleet.producers.bulk.spec import JobSpec, Tuning, request_id_for
+from batchfleet.producers.bulk.state import LEASE_TTL_S, JobRecord, JobStore
+from batchfleet.producers.bulk.watch import WorkerWatch
+from batchfleet.producers.bulk.window import Scorer
+from batchfleet.producers.client import AsyncClient
+from batchfleet.schemas.envelopes import Result
+from batchfleet.schemas.errors import BatchfleetError, ConfigError
+from batchfleet.schemas.names import Names
 
 log = structlog.get_logger("batchfleet.bulk")
 T = TypeVar("T")
@@ -74,15 +84,30 @@ class Context:
 async def run_job(
     spec: JobSpec, endpoints: Endpoints, *, tuning: Tuning | None = None,
     progress: ProgressReporter | None = None, retry_failed: bool = False,
+    restart: bool = False,
 ) -> JobReport:
-    """Run (or resume, or with ``retry_failed`` re-run the failed rows of) one job."""
+    """Run (or resume, or with ``retry_failed`` re-run the failed rows of) one job.
+
+    ``restart`` scores an existing job from scratch: a new epoch of request IDs,
+    its files rewritten from row 0, and this spec as its identity.
+    """
     tuning = (tuning or Tuning()).validated()
+    if restart and retry_failed:
+        raise ConfigError("--restart scores every row again; it cannot be combined with "
+                          "--retry-failed")
     names = Names(endpoints.namespace)
     source = open_source(spec)  # a bad input fails here, before the job is claimed
-    redis = redis_client(endpoints.results_url)
-    jobs = JobStore(redis, names, spec.job_id)
+    for warning in source.warnings:
+        log.warning("bulk input looks wrong", job_id=spec.job_id, warning=warning)
+    bulk_jobs = open_bulk_jobs(endpoints.results_url, names)
+    jobs = JobStore(bulk_jobs, spec.job_id)
     try:
-        record = await jobs.claim(spec, source.total)
+        record = await jobs.claim(spec, source.total, restart)
+        spec = spec.resuming(record.identity)  # a job from before per-job errors files
+        if restart:
+            from batchfleet.producers.bulk.merge import discard_staging
+
+            discard_staging(spec)  # what an interrupted --retry-failed left beside the files
         try:
             async with AsyncClient(endpoints.broker, endpoints.results,
                                    namespace=endpoints.namespace,
@@ -97,13 +122,16 @@ async def run_job(
         finally:
             await jobs.release()
     finally:
-        await redis.aclose()
+        await bulk_jobs.close()
 
 
 async def _dispatch(ctx: Context, retry_failed: bool) -> JobReport:
-    from producers.bulk.retry import retry_failed_rows
+    from batchfleet.producers.bulk.retry import retry_failed_rows
 
-    if retry_failed or ctx.record.status == "retrying":  # an interrupted retry goes on
+    retrying = retry_failed or ctx.record.status == "retrying"  # an interrupted retry goes on
+    finished = ctx.record.status in ("finished", "retrying")
+    check_files(ctx.spec, ctx.record.position, finished, errors=retrying or not finished)
+    if retrying:
         return await retry_failed_rows(ctx)
     if ctx.record.status == "finished":
         log.info("bulk job already finished", job_id=ctx.spec.job_id)
@@ -174,17 +202,31 @@ async def _score_all(ctx: Context) -> JobReport:
             published = hwm
             await jobs.write(published=hwm)
 
+    watch = WorkerWatch(control_plane_for(ctx.store).heartbeats.read_all, spec.job_id,
+                        spec.model, ctx.progress)
+
     async def tick() -> bool:
         now = sink.current()
         ctx.progress.update(now.rows, now.failed)
+        await watch.tick(now.rows)
         return not await checkpoint()
 
+    # Rows a previous run saved count towards the early stop (their errors are not known).
+    guard = EarlyStop(ctx.tuning.early_stop_rows, ctx.source.warnings, seen=start.rows,
+                      max_rate=ctx.tuning.early_stop_rate, failed=start.failed)
+
+    def write(row: Row, result: Result) -> None:
+        result = with_hint(result)
+        sink.write(row, result)
+        guard.see(result)
+
+    epoch = ctx.record.epoch
     scorer = Scorer(ctx.client, ctx.store, spec.model,
-                    lambda row: request_id_for(spec.job_id, row), ctx.tuning,
-                    adopt_below=published, on_published=on_published)
+                    lambda row: request_id_for(spec.job_id, row, epoch=epoch), ctx.tuning,
+                    adopt_below=published, on_published=on_published, version=spec.version)
     scoring = True
     try:
-        completed = await scorer.run(ctx.source.rows(start), sink.write, tick)
+        completed = await scorer.run(ctx.source.rows(start), write, tick)
         scoring = False
         if completed:
             final = await asyncio.to_thread(sink.finish)
@@ -217,11 +259,19 @@ async def _save_on_the_way_out(checkpoint: Checkpointer, exc: BaseException,
         checkpoint.sink.close()  # another process owns the job now: touch nothing
         return
     try:
-        if scoring:
+        if scoring and not isinstance(exc, EarlyStopError):  # a rerun must stop again
             await checkpoint(force=True)
         checkpoint.sink.close()
         if isinstance(exc, BatchfleetError | OSError):
-            await checkpoint.jobs.write(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
+            await checkpoint.jobs.write(status="error", error=describe(exc)[:500])
     except (BatchfleetError, OSError, ValueError, asyncio.CancelledError) as save_error:
-        log.warning("could not save progress while stopping", job_id=checkpoint.jobs.job_id,
-                    error=str(save_error), cause=str(exc))
+        # never an empty message: a second Ctrl-C (a CancelledError) has no text of its own
+        log.warning("could not save progress while stopping; the next run resumes from the "
+                    "checkpoint before", job_id=checkpoint.jobs.job_id,
+                    error=describe(save_error), cause=describe(exc))
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one non-empty line (``KeyboardInterrupt`` and friends have no text)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -19,13 +19,13 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
-from producers.bulk.errors import BulkError
-from producers.bulk.rows import Position, Row
-from producers.bulk.sink_npy import NpySink
-from producers.bulk.sink_parquet import parquet_cell
-from producers.bulk.sinks import Sink, SinkBase, dumps, output_record, sync
-from producers.bulk.spec import JobSpec
-from schemas.envelopes import ErrorInfo, Result
+from batchfleet.producers.bulk.errors import BulkError
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sink_npy import NpySink
+from batchfleet.producers.bulk.sink_parquet import parquet_cell
+from batchfleet.producers.bulk.sinks import Sink, SinkBase, dumps, output_record, sync
+from batchfleet.producers.bulk.spec import JobSpec
+from batchfleet.schemas.envelopes import ErrorInfo, Result
 
 _BATCH_ROWS = 65_536
 

@@ -33,6 +33,9 @@ class ProgressReporter(Protocol):
 
     def update(self, done: int, failed: int) -> None: ...
 
+    def waiting(self, reason: str | None) -> None:
+        """Show that the job is waiting (``reason``), or no longer (None)."""
+
     def stop(self) -> None: ...
 
 
@@ -41,6 +44,9 @@ class NoProgress:
         pass
 
     def update(self, done: int, failed: int) -> None:
+        pass
+
+    def waiting(self, reason: str | None) -> None:
         pass
 
     def stop(self) -> None:
@@ -63,10 +69,17 @@ class BarProgress:
             TextColumn("[red]{task.fields[failed]:,} failed"),
             console=console or Console(stderr=True), speed_estimate_period=15.0)
         self._task: TaskID | None = None
+        self._job_id = ""
 
     def start(self, job_id: str, total: int | None, done: int, failed: int) -> None:
+        self._job_id = job_id
         self._progress.start()
         self._task = self._progress.add_task(job_id, total=total, completed=done, failed=failed)
+
+    def waiting(self, reason: str | None) -> None:
+        if self._task is not None:
+            self._progress.update(self._task, description=self._job_id if reason is None
+                                  else f"{self._job_id} [yellow]({reason})[/]")
 
     def update(self, done: int, failed: int) -> None:
         if self._task is not None:
@@ -86,6 +99,7 @@ class LogProgress:
         self._start_done = 0
         self._started = self._last = 0.0
         self._done = self._failed = 0
+        self._waiting = False
 
     def start(self, job_id: str, total: int | None, done: int, failed: int) -> None:
         self._job_id, self._total, self._start_done = job_id, total, done
@@ -95,8 +109,13 @@ class LogProgress:
 
     def update(self, done: int, failed: int) -> None:
         self._done, self._failed = done, failed
-        if time.monotonic() - self._last >= self._every_s:
+        if not self._waiting and time.monotonic() - self._last >= self._every_s:
             self._emit()
+
+    def waiting(self, reason: str | None) -> None:
+        """No progress lines while waiting: the watch said why, once (``bulk.watch``)."""
+        self._waiting = reason is not None
+        self._last = time.monotonic()
 
     def _emit(self) -> None:
         self._last = now = time.monotonic()

@@ -18,15 +18,16 @@ from pathlib import Path
 
 import structlog
 
-from producers.bulk.errors import BulkError
-from producers.bulk.job import Context
-from producers.bulk.merge import discard_staging, open_merger
-from producers.bulk.report import JobReport
-from producers.bulk.rows import Position, Row
-from producers.bulk.sources import count_lines
-from producers.bulk.spec import request_id_for
-from producers.bulk.window import Scorer
-from schemas.envelopes import Result
+from batchfleet.producers.bulk.errors import BulkError
+from batchfleet.producers.bulk.guard import with_hint
+from batchfleet.producers.bulk.job import Context
+from batchfleet.producers.bulk.merge import discard_staging, open_merger
+from batchfleet.producers.bulk.report import JobReport
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sources import count_lines
+from batchfleet.producers.bulk.spec import request_id_for
+from batchfleet.producers.bulk.window import Scorer
+from batchfleet.schemas.envelopes import Result
 
 log = structlog.get_logger("batchfleet.bulk")
 
@@ -58,7 +59,7 @@ async def retry_failed_rows(ctx: Context) -> JobReport:
 
     def write(row: Row, result: Result) -> None:
         nonlocal done
-        merger.write(row, result)
+        merger.write(row, with_hint(result))
         done += 1
 
     async def tick() -> bool:
@@ -66,7 +67,8 @@ async def retry_failed_rows(ctx: Context) -> JobReport:
         return not await jobs.write()
 
     scorer = Scorer(ctx.client, ctx.store, spec.model,
-                    lambda row: request_id_for(spec.job_id, row, retry_round), ctx.tuning)
+                    lambda row: request_id_for(spec.job_id, row, retry_round, record.epoch),
+                    ctx.tuning, version=spec.version)
     ctx.progress.start(f"{spec.job_id} retry {retry_round}", todo, 0, 0)
     try:
         rows = ctx.source.rows(Position(), wanted=failed_rows(spec.errors))

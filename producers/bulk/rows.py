@@ -15,12 +15,23 @@ from typing import Any, Final
 
 import numpy as np
 
-from schemas.envelopes import ErrorInfo
-from schemas.errors import ValidationError
-from schemas.tensors import DTYPES, MAX_NDIM, Array, Tensors, as_array
+from batchfleet.schemas.envelopes import DEFAULT_LIMITS, ErrorInfo
+from batchfleet.schemas.errors import ValidationError
+from batchfleet.schemas.tensors import (
+    DTYPES,
+    MAX_NAMED_TENSORS,
+    Array,
+    Tensors,
+    as_array,
+    encode_tensors,
+)
+from batchfleet.schemas.validation import MAX_NDIM
 
 #: Error type of rows that could not be turned into a request (bad JSON, missing inputs...).
 INVALID_ROW: Final = "invalid_row"
+#: The most tensor bytes one row may carry: a request over the workers' default message
+#: limit would be refused by every worker, so it is refused here, as that row's error.
+MAX_ROW_BYTES: Final = DEFAULT_LIMITS.max_message_bytes - 64 * 1024
 
 
 @dataclass(slots=True)
@@ -57,9 +68,53 @@ def coerce_array(value: Any, dtype: str) -> Array:
 
 
 def coerce_tensors(value: Any, dtype: str) -> Tensors:
-    if isinstance(value, Mapping):
-        return {str(k): coerce_array(v, dtype) for k, v in value.items()}
-    return coerce_array(value, dtype)
+    """A row's inputs as tensors a request can carry, or ``ValidationError`` saying why not.
+
+    Everything the request envelope would refuse at submit time (too many named
+    tensors, names that are not UTF-8, too many bytes) is checked here, per row:
+    raised later, in a submit of a whole chunk, it would stop the job instead.
+    """
+    if not isinstance(value, Mapping):
+        array = coerce_array(value, dtype)
+        _check_size(array)
+        return array
+    if not value:
+        raise ValidationError("inputs is an empty map: no tensors")
+    if len(value) > MAX_NAMED_TENSORS:
+        raise ValidationError(f"inputs has {len(value)} named tensors; a request carries at "
+                              f"most {MAX_NAMED_TENSORS}")
+    tensors = {_tensor_name(k): coerce_array(v, dtype) for k, v in value.items()}
+    _check_size(*tensors.values())
+    return tensors
+
+
+def _tensor_name(key: Any) -> str:
+    name = str(key)
+    try:
+        name.encode()
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"tensor name {name!r} is not valid UTF-8") from exc
+    return name
+
+
+def _check_size(*arrays: Array) -> None:
+    size = sum(a.nbytes for a in arrays)
+    if size > MAX_ROW_BYTES:
+        raise ValidationError(f"inputs are {size:,} bytes as tensors; a request carries at "
+                              f"most {MAX_ROW_BYTES:,}")
+
+
+def encode_problem(inputs: Tensors | None) -> str | None:
+    """Why the request envelope refuses these inputs, or None.
+
+    The last line of defence behind ``coerce_tensors``: when a chunk's submit is
+    refused, this finds the rows to blame, so they fail alone and the rest go on.
+    """
+    try:
+        encode_tensors(inputs)
+    except (ValidationError, ValueError, TypeError, OverflowError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 @dataclass(frozen=True, slots=True)

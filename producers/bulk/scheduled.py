@@ -14,11 +14,11 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from producers.bulk.errors import FailureRateExceededError
-from producers.bulk.job import Endpoints, run_job
-from producers.bulk.progress import LogProgress
-from producers.bulk.report import EXIT_OK, exit_code
-from producers.bulk.spec import JobSpec, Tuning
+from batchfleet.producers.bulk.errors import FailureRateExceededError
+from batchfleet.producers.bulk.job import Endpoints, run_job
+from batchfleet.producers.bulk.progress import LogProgress
+from batchfleet.producers.bulk.report import EXIT_OK, exit_code
+from batchfleet.producers.bulk.spec import JobSpec, Tuning
 
 
 def scheduled_day() -> date:

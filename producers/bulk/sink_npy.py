@@ -18,11 +18,11 @@ from typing import Any, Final
 import numpy as np
 from numpy.lib.format import open_memmap
 
-from producers.bulk.errors import BulkError
-from producers.bulk.rows import Position, Row
-from producers.bulk.sinks import SinkBase
-from producers.bulk.spec import JobSpec
-from schemas.envelopes import ErrorInfo, Result
+from batchfleet.producers.bulk.errors import BulkError
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sinks import SinkBase
+from batchfleet.producers.bulk.spec import JobSpec
+from batchfleet.schemas.envelopes import ErrorInfo, Result
 
 STATUS_CODES: Final = {"succeeded": 1, "failed": 2, "expired": 3}
 UNSUPPORTED = "unsupported_output"

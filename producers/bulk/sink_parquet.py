@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
-from producers.bulk.rows import Position, Row
-from producers.bulk.sinks import SinkBase, sync
-from producers.bulk.spec import JobSpec, Tuning
-from schemas.envelopes import ErrorInfo, Result
-from schemas.tensors import Array
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sinks import SinkBase, sync
+from batchfleet.producers.bulk.spec import JobSpec, Tuning
+from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.tensors import Array
 
 #: Part-file metadata key: "1" when the part holds real outputs (so their type is known).
 _TYPED = b"batchfleet.outputs_typed"

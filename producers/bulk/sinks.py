@@ -17,12 +17,12 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from producers.bulk.errors import BulkError
-from producers.bulk.rows import Position, Row
-from producers.bulk.sources import Source
-from producers.bulk.spec import JobSpec, Tuning
-from schemas.envelopes import ErrorInfo, Result
-from schemas.tensors import Tensors
+from batchfleet.producers.bulk.errors import OutputMissingError
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sources import Source
+from batchfleet.producers.bulk.spec import JobSpec, Tuning
+from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.tensors import Tensors
 
 
 class Sink(Protocol):
@@ -46,9 +46,10 @@ def open_truncated(path: Path, offset: int) -> IO[bytes]:
     """Open for appending at ``offset``, dropping anything written after the checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     size = path.stat().st_size if path.exists() else 0
-    if size < offset:
-        raise BulkError(f"{path} has {size} bytes but the checkpoint says {offset}: it was "
-                        "changed or replaced since; start a new job ID")
+    if size < offset:  # files.check_files catches this first, with the row count
+        raise OutputMissingError(f"output {path} has {size:,} bytes but the job state says "
+                                 f"{offset:,} bytes are done: run again with --restart to "
+                                 f"score from scratch, or restore {path}")
     f = path.open("ab")
     f.truncate(offset)
     f.seek(offset)  # truncate does not move the position, and tell() must be right
@@ -175,9 +176,9 @@ def open_sink(spec: JobSpec, start: Position, source: Source, tuning: Tuning) ->
     if spec.format == "jsonl":
         return JsonlSink(spec, start)
     if spec.format == "npy":
-        from producers.bulk.sink_npy import NpySink
+        from batchfleet.producers.bulk.sink_npy import NpySink
 
         return NpySink(spec, start, source.total or 0)
-    from producers.bulk.sink_parquet import ParquetSink
+    from batchfleet.producers.bulk.sink_parquet import ParquetSink
 
     return ParquetSink(spec, start, getattr(source, "id_type", None), tuning)

@@ -10,19 +10,33 @@ A null cell makes that row invalid, never the file.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
-from producers.bulk.errors import InputFormatError
-from producers.bulk.rows import Position, Row, coerce_array, invalid_row
-from producers.bulk.spec import JobSpec
-from schemas.errors import ValidationError
+from batchfleet.producers.bulk.errors import InputFormatError
+from batchfleet.producers.bulk.rows import Position, Row, coerce_tensors, invalid_row
+from batchfleet.producers.bulk.spec import JobSpec
+from batchfleet.schemas.errors import ValidationError
 
 BATCH_ROWS = 4096
+#: Column names that almost always hold a row's identifier, not a feature.
+ID_LIKE: Final = frozenset({"id", "request_id", "custom_id", "row_id"})
+
+
+def id_like_features(features: Sequence[str], id_column: str) -> tuple[str, ...]:
+    """Warnings for feature columns named like IDs: stacked in, they change every row's shape.
+
+    A file keyed by ``id`` with the default ``--id-column custom_id`` would
+    otherwise score ``id`` as one more feature and fail every row on shape.
+    """
+    return tuple(
+        f"column {name!r} looks like a row ID but is stacked into the features: pass "
+        f"--id-column {name} (or list the features with --feature-columns)"
+        for name in features if name.lower() in ID_LIKE and name != id_column)
 
 
 def _is_list(t: Any) -> bool:
@@ -65,6 +79,9 @@ class ParquetSource:
                 raise InputFormatError(f"{spec.input}: no 'inputs' list column and no numeric "
                                        "feature columns to stack")
             self._check(schema, self.features, _is_numeric, "numeric")
+        #: Only for features picked by default: columns listed by hand are meant.
+        self.warnings: tuple[str, ...] = () if spec.feature_columns else id_like_features(
+            self.features, spec.id_column)
 
     def _check(self, schema: Any, names: Sequence[str], ok: Any, what: str) -> None:
         for name in names:
@@ -112,7 +129,7 @@ class ParquetSource:
                 yield invalid_row(base + k, f"row {base + k}: {bad[k]}", custom_id=custom_id)
                 continue
             try:
-                yield Row(base + k, coerce_array(_dense(cells[k]), self.dtype), custom_id)
+                yield Row(base + k, coerce_tensors(_dense(cells[k]), self.dtype), custom_id)
             except (ValidationError, ValueError, TypeError) as exc:
                 yield invalid_row(base + k, f"row {base + k}: {exc}", custom_id=custom_id)
 

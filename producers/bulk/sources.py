@@ -14,22 +14,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 
-from producers.bulk.errors import InputFormatError
-from producers.bulk.rows import Position, Row, coerce_tensors, invalid_row
-from producers.bulk.spec import JobSpec
-from schemas.errors import ValidationError
+from batchfleet.producers.bulk.errors import InputFormatError
+from batchfleet.producers.bulk.rows import Position, Row, coerce_tensors, invalid_row
+from batchfleet.producers.bulk.spec import MAX_LINE_BYTES, JobSpec
+from batchfleet.schemas.errors import ValidationError
 
 _COUNT_CHUNK = 1 << 20
+_SKIP_CHUNK = 1 << 20
 NPY_BLOCK = 4096
 
 
 class Source(Protocol):
     #: Rows in the input, where known cheaply (for progress and ETA only).
     total: int | None
+    #: Likely mistakes in how the input is read (logged at the start, named by an early stop).
+    warnings: tuple[str, ...]
 
     def rows(self, start: Position, wanted: Iterator[int] | None = None) -> Iterator[Row]: ...
 
@@ -44,14 +47,36 @@ def count_lines(path: Path) -> int:
     return count + (last != b"\n")
 
 
+def read_line(f: IO[bytes], limit: int) -> tuple[bytes | None, int, int]:
+    """The next line as ``(raw, bytes consumed, length without the newline)``.
+
+    ``raw`` is None for a line longer than ``limit``: it is skipped in 1 MiB reads,
+    never held whole, so one giant line costs no more memory than the limit.
+    At the end of the file: ``(b"", 0, 0)``.
+    """
+    raw = f.readline(limit + 1)
+    ended = raw.endswith(b"\n")
+    if len(raw) - ended <= limit:
+        return raw, len(raw), len(raw) - ended
+    consumed = len(raw)
+    while not ended and (raw := f.readline(_SKIP_CHUNK)):
+        consumed += len(raw)
+        ended = raw.endswith(b"\n")
+    return None, consumed, consumed - ended
+
+
 def parse_jsonl(raw: bytes, index: int, line: int, end_offset: int, id_field: str,
                 dtype: str) -> Row:
     """One JSONL line -> a Row, or an invalid Row that says what is wrong with the line."""
     where: dict[str, Any] = {"line": line, "end_offset": end_offset, "end_line": line}
     try:
         obj = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        return invalid_row(index, f"line {line}: not valid UTF-8: {exc}", **where)
     except ValueError as exc:
         return invalid_row(index, f"line {line}: not valid JSON: {exc}", **where)
+    except RecursionError:
+        return invalid_row(index, f"line {line}: JSON nested too deeply", **where)
     if not isinstance(obj, dict):
         return invalid_row(index, f"line {line}: expected a JSON object, got "
                                   f"{type(obj).__name__}", **where)
@@ -72,21 +97,32 @@ def _next_wanted(wanted: Iterator[int] | None, target: int | None, index: int) -
 
 
 class JsonlSource:
-    """One ``{"custom_id": ..., "inputs": ...}`` object per line; blank lines are not rows."""
+    """One ``{"custom_id": ..., "inputs": ...}`` object per line; blank lines are not rows.
 
-    def __init__(self, path: Path, dtype: str, id_field: str) -> None:
+    A line over ``max_line_bytes`` is a row (an invalid one) whatever it holds: it is
+    never read whole, so whether it was blank is not known, and counting it keeps row
+    numbers the same in every pass and every resume.
+    """
+
+    def __init__(self, path: Path, dtype: str, id_field: str,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.path, self.dtype, self.id_field = path, dtype, id_field
+        self.max_line_bytes = max_line_bytes
         self.total: int | None = count_lines(path)
+        self.warnings: tuple[str, ...] = ()
 
     def rows(self, start: Position, wanted: Iterator[int] | None = None) -> Iterator[Row]:
         offset, line, index = start.in_offset, start.in_line, start.rows
         target = next(wanted, None) if wanted is not None else None
         with self.path.open("rb") as f:
             f.seek(offset)
-            for raw in f:
-                offset += len(raw)
+            while True:
+                raw, consumed, length = read_line(f, self.max_line_bytes)
+                if not consumed:
+                    return
+                offset += consumed
                 line += 1
-                if not raw.strip():
+                if raw is not None and not raw.strip():
                     continue
                 if wanted is not None:
                     target = _next_wanted(wanted, target, index)
@@ -95,7 +131,12 @@ class JsonlSource:
                     if target != index:
                         index += 1
                         continue
-                yield parse_jsonl(raw, index, line, offset, self.id_field, self.dtype)
+                if raw is None:
+                    yield invalid_row(index, f"line {line} is {length:,} bytes, over the "
+                                      f"{self.max_line_bytes:,}-byte limit (--max-line-bytes)",
+                                      line=line, end_offset=offset, end_line=line)
+                else:
+                    yield parse_jsonl(raw, index, line, offset, self.id_field, self.dtype)
                 index += 1
 
 
@@ -111,6 +152,7 @@ class NpySource:
             raise InputFormatError(f"{path}: a 0-d array has no rows")
         self.dtype = dtype
         self.total: int | None = int(self._array.shape[0])
+        self.warnings: tuple[str, ...] = ()
 
     def rows(self, start: Position, wanted: Iterator[int] | None = None) -> Iterator[Row]:
         total = int(self._array.shape[0])
@@ -134,9 +176,9 @@ class NpySource:
 
 def open_source(spec: JobSpec) -> Source:
     if spec.format == "jsonl":
-        return JsonlSource(spec.input, spec.dtype, spec.id_column)
+        return JsonlSource(spec.input, spec.dtype, spec.id_column, spec.max_line_bytes)
     if spec.format == "npy":
         return NpySource(spec.input, spec.dtype)
-    from producers.bulk.source_parquet import ParquetSource
+    from batchfleet.producers.bulk.source_parquet import ParquetSource
 
     return ParquetSource(spec)

@@ -24,13 +24,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from connectors.result_store import ResultStore
-from producers.bulk.rows import Row
-from producers.bulk.spec import Tuning
-from producers.client import AsyncClient
-from schemas.envelopes import Result
-from schemas.errors import WaitTimeoutError
-from schemas.names import LANE_BULK
+from batchfleet.connectors.result_store import ResultStore
+from batchfleet.producers.bulk.rows import INVALID_ROW, Row, encode_problem
+from batchfleet.producers.bulk.spec import Tuning
+from batchfleet.producers.client import AsyncClient
+from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.errors import RequestLostError, ValidationError, WaitTimeoutError
+from batchfleet.schemas.names import LANE_BULK
 
 log = structlog.get_logger("batchfleet.bulk")
 
@@ -60,8 +60,10 @@ class Scorer:
         self, client: AsyncClient, store: ResultStore, model: str,
         request_id: Callable[[int], str], tuning: Tuning, *, adopt_below: int = 0,
         on_published: Callable[[int], Awaitable[None]] | None = None,
+        version: str | None = None,
     ) -> None:
         self._client, self._store, self._model = client, store, model
+        self._version = version
         self._rid, self._tuning = request_id, tuning
         self._adopt_below, self._on_published = adopt_below, on_published
         self._slots = Slots(tuning.window)
@@ -127,15 +129,19 @@ class Scorer:
         except BaseException as exc:  # handed to the writer, which raises it
             self._fail(exc)
 
+    def _answer(self, seq: int, row: Row, error: ErrorInfo) -> None:
+        """A row that is never submitted: answered here, written in order with the rest."""
+        self._buffer[seq] = (row, Result(self._rid(row.index), "failed", error=error,
+                                         model=self._model))
+        self._arrived.set()
+
     async def _submit(self, entries: list[Entry]) -> None:
         live: list[Entry] = []
         for seq, row in entries:
             if row.error is None:
                 live.append((seq, row))
-            else:  # never submitted: answered here, written in order with the rest
-                self._buffer[seq] = (row, Result(self._rid(row.index), "failed",
-                                                 error=row.error, model=self._model))
-                self._arrived.set()
+            else:
+                self._answer(seq, row, row.error)
         if not live:
             return
         adopted = [e for e in live if e[1].index < self._adopt_below]
@@ -143,18 +149,42 @@ class Scorer:
         if adopted:
             bodies = await self._store.get_bodies([self._rid(r.index) for _, r in adopted])
             fresh = [e for e, body in zip(adopted, bodies, strict=True) if body is None] + fresh
-        await self._publish(fresh)
+        refused = await self._publish_fresh(fresh)
+        if refused:
+            live = [e for e in live if e[0] not in refused]
         if fresh and self._on_published is not None:
             await self._on_published(fresh[-1][1].index + 1)
         task = asyncio.create_task(self._collect(live))
         self._collectors.add(task)
         task.add_done_callback(self._collectors.discard)
 
+    async def _publish_fresh(self, entries: list[Entry]) -> set[int]:
+        """Publish; if the envelope refuses the chunk, answer only the rows to blame.
+
+        The sources already check each row against what the envelope refuses, so
+        this is the last line of defence: one row those checks missed fails alone
+        (``invalid_row``) instead of stopping the job. Returns the refused sequence
+        numbers. A chunk refused for a reason no single row explains is re-raised.
+        """
+        try:
+            await self._publish(entries)
+            return set()
+        except (ValidationError, ValueError, TypeError, OverflowError):
+            problems = [encode_problem(row.inputs) for _, row in entries]
+            if not any(problems):
+                raise
+        for (seq, row), problem in zip(entries, problems, strict=True):
+            if problem is not None:
+                self._answer(seq, row, ErrorInfo(INVALID_ROW, f"inputs refused: {problem}"))
+        await self._publish([e for e, p in zip(entries, problems, strict=True) if p is None])
+        return {seq for (seq, _), p in zip(entries, problems, strict=True) if p is not None}
+
     async def _publish(self, entries: Sequence[Entry]) -> None:
         if entries:
             await self._client.submit_many(
                 self._model, [row.inputs for _, row in entries],
-                request_ids=[self._rid(row.index) for _, row in entries], priority=LANE_BULK)
+                request_ids=[self._rid(row.index) for _, row in entries], priority=LANE_BULK,
+                version=self._version)
 
     async def _collect(self, entries: list[Entry]) -> None:
         pending = {self._rid(row.index): (seq, row) for seq, row in entries}
@@ -166,7 +196,7 @@ class Scorer:
                         seq, row = pending.pop(result.request_id)
                         self._buffer[seq] = (row, result)
                         self._arrived.set()
-                except WaitTimeoutError:
+                except (WaitTimeoutError, RequestLostError):  # lost with Redis: publish again
                     first = min(row.index for _, row in pending.values())
                     log.warning("bulk rows have no result; publishing them again",
                                 rows=len(pending), first_row=first,

@@ -8,18 +8,26 @@ the reverse. ``create_app`` only wires the pieces; the routes live in
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import structlog
 from fastapi import FastAPI
 
-from connectors import BrokerURL, open_result_store, results_url_for
-from producers.client import AsyncClient
-from producers.gateway import problems
-from producers.gateway.metrics import GatewayMetrics
-from producers.gateway.routes import Gateway, operations, requests
-from producers.gateway.settings import GatewaySettings
-from schemas.names import Names
+from batchfleet.connectors import BrokerURL, open_result_store, results_url_for
+from batchfleet.connectors.quotas import QuotaGate
+from batchfleet.producers.admission import AdmissionLimits
+from batchfleet.producers.client import AsyncClient
+from batchfleet.producers.gateway import problems
+from batchfleet.producers.gateway.metrics import GatewayMetrics
+from batchfleet.producers.gateway.routes import Gateway, operations, requests
+from batchfleet.producers.gateway.routes_admin import admin
+from batchfleet.producers.gateway.routes_models import models
+from batchfleet.producers.gateway.settings import GatewaySettings
+from batchfleet.schemas.names import Names
+
+log = structlog.get_logger("batchfleet.gateway")
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -29,12 +37,25 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.id_secret is None:  # here, not at build time: `gateway openapi` is quiet
+            log.warning("no BATCHFLEET_GATEWAY_ID_SECRET set: using a random one, so an "
+                        "Idempotency-Key retried after a restart or on another replica gets "
+                        "a new request ID and runs again")
+            id_secret = secrets.token_bytes(32)
+        else:
+            id_secret = settings.id_secret.encode()
         client = AsyncClient(settings.broker, settings.results, namespace=settings.namespace,
                              result_ttl_s=settings.result_ttl_s,
-                             callback_policy=settings.callback_policy)
-        # Its own store handle, for readiness and for batched "does this ID exist" reads.
-        store = open_result_store(results_url, Names(settings.namespace))
-        app.state.gateway = Gateway(settings, client, store, metrics)
+                             callback_policy=settings.callback_policy,
+                             redis_max_connections=settings.redis_max_connections,
+                             admission=AdmissionLimits(settings.admit_max_memory,
+                                                       settings.admit_max_backlog),
+                             model_list_ttl_s=settings.model_list_ttl_s)
+        # Its own store handle, for readiness, ownership reads and quotas.
+        store = open_result_store(results_url, Names(settings.namespace),
+                                  max_connections=settings.redis_max_connections)
+        quotas = QuotaGate.over(store)
+        app.state.gateway = Gateway(settings, client, store, metrics, quotas, id_secret)
         try:
             yield
         finally:
@@ -48,4 +69,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     metrics.install(app)
     app.include_router(requests)
     app.include_router(operations)
+    app.include_router(models)
+    app.include_router(admin)
     return app

@@ -17,18 +17,20 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from producers.client import PRIORITIES
-from schemas.errors import (
+from batchfleet.producers.client import PRIORITIES
+from batchfleet.schemas.envelopes import check_version_label
+from batchfleet.schemas.errors import (
     DecodeError,
     LimitExceededError,
     UnsupportedMediaTypeError,
     ValidationError,
 )
-from schemas.tensors import DTYPES, Tensors, decode_tensor, is_tensor_map
+from batchfleet.schemas.tensors import DTYPES, Tensors, decode_tensor, is_tensor_map
 
 JSON_TYPES = ("application/json",)
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
-_FIELDS = {"inputs", "dtype", "priority", "deadline_s", "callback_url"}
+_FIELDS = {"inputs", "dtype", "priority", "deadline_s", "callback_url", "version",
+           "routing_key"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,9 @@ class Submission:
     priority: str
     deadline_s: float | None
     callback_url: str | None
+    #: A version label to pin to, and what routing hashes (docs/rollout.md, "Routing").
+    version: str | None = None
+    routing_key: str | None = None
 
 
 async def read_limited(content_length: str | None, chunks: AsyncIterator[bytes],
@@ -103,7 +108,14 @@ def parse_submission(doc: Any, *, batch: bool, max_items: int) -> Submission:
     if callback is not None and not isinstance(callback, str):
         raise ValidationError("callback_url must be a string or null")
     return Submission(inputs, str(priority), None if deadline is None else float(deadline),
-                      callback)
+                      callback, check_version_label(doc.get("version")),
+                      _routing_key(doc.get("routing_key")))
+
+
+def _routing_key(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 256):
+        raise ValidationError("routing_key must be a string of 1-256 characters, or null")
+    return value
 
 
 def to_tensors(value: Any, dtype: str | None, where: str) -> Tensors:

@@ -19,6 +19,13 @@ class GatewayMetrics:
                                  ["method", "route"], registry=self.registry)
         self.submitted = Counter("batchfleet_gateway_submitted_total", "Requests submitted",
                                  ["model"], registry=self.registry)
+        # Per API key: key IDs are few and configured, so the label set stays small.
+        self.accepted = Counter("batchfleet_gateway_accepted_total",
+                                "Requests admitted and enqueued, per API key", ["key"],
+                                registry=self.registry)
+        self.throttled = Counter("batchfleet_gateway_throttled_total",
+                                 "Requests refused with 429, per API key and limit",
+                                 ["key", "limit"], registry=self.registry)
 
     def install(self, app: FastAPI) -> None:
         @app.middleware("http")

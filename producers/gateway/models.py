@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from schemas.tensors import DTYPES
+from batchfleet.schemas.tensors import DTYPES
 
 
 class ErrorDetail(BaseModel):
@@ -32,7 +32,7 @@ class BatchAccepted(BaseModel):
 
 class ResultOut(BaseModel):
     request_id: str
-    status: str = Field(description="pending, succeeded, failed or expired")
+    status: str = Field(description="pending, succeeded, failed, expired or cancelled")
     outputs: Any = Field(None, description="Nested arrays (or named ones) when succeeded.")
     error: ErrorDetail | None = None
     model: str
@@ -51,6 +51,13 @@ class Health(BaseModel):
     status: str
 
 
+class Readiness(Health):
+    eviction_policy: str | None = Field(default=None,
+                                        description="Redis maxmemory-policy (readyz).")
+    eviction_policy_safe: bool | None = Field(
+        default=None, description="False when Redis may evict a queue (allkeys-*): fix Redis.")
+
+
 _COMMON: dict[str, Any] = {
     "dtype": {"type": "string", "enum": sorted(DTYPES),
               "description": "Element type; default float32 for decimals, int64 for integers."},
@@ -60,6 +67,10 @@ _COMMON: dict[str, Any] = {
                    "description": "Answer `expired` instead of computing after this long."},
     "callback_url": {"type": ["string", "null"], "maxLength": 2048,
                      "description": "Webhook for the terminal result (see docs/webhooks.md)."},
+    "version": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                "description": "Pin to one version label (docs/rollout.md, Routing)."},
+    "routing_key": {"type": ["string", "null"], "minLength": 1, "maxLength": 256,
+                    "description": "Hashed instead of the request ID to pick a version."},
 }
 _TENSOR = {"description": "A number, a nested array of numbers, an object of named arrays, "
                           "or (msgpack) a wire tensor map {dtype, shape, data}."}
@@ -74,3 +85,157 @@ def body_schema(batch: bool) -> dict[str, Any]:
         "application/json": {"schema": schema},
         "application/msgpack": {"schema": schema},
     }}}
+
+
+# --- model discovery and rollout (routes_models.py) -------------------------------------
+
+
+class TensorSpecOut(BaseModel):
+    dtype: str = Field(description="e.g. float32")
+    shape: list[int] = Field(description="Per request, no batch dimension.")
+
+
+class VersionOut(BaseModel):
+    label: str = Field(description="The @VERSION label (`default` when unlabelled).")
+    version: str = Field(description="Content hash results carry in model_version.")
+    input: TensorSpecOut | None
+    output: TensorSpecOut | None
+
+
+class Guard(BaseModel):
+    error_points: float = Field(5.0, gt=0, le=100, description=(
+        "Roll back when the canary's error rate exceeds stable's by this many points."))
+    p99_ratio: float = Field(2.0, gt=1, le=1e6, description=(
+        "Roll back when the canary's p99 compute exceeds stable's this many times."))
+    min_window: int = Field(200, ge=1, le=10**9,
+                            description="Judge the canary only after this many requests.")
+
+
+class PolicyOut(BaseModel):
+    stable: str
+    canary: str | None
+    percent: float = Field(description="The canary's share of requests, 0-100.")
+    shadow: str | None
+    previous: str | None = Field(description="The stable a promotion replaced.")
+    epoch: int = Field(description="Rises by one with every change.")
+    guard: Guard
+
+
+class ServingOut(BaseModel):
+    worker: str
+    labels: list[str] = Field(description="The version labels this worker holds.")
+    last_seen: float
+
+
+class ModelOut(BaseModel):
+    name: str
+    declared: bool = Field(description="An operator declared it (`models declare`).")
+    input: TensorSpecOut | None = Field(description="Declared, else the stable version's.")
+    output: TensorSpecOut | None
+    versions: list[VersionOut]
+    policy: PolicyOut
+    workers: list[ServingOut] = Field(description="Live workers serving it.")
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class PolicyIn(BaseModel):
+    stable: str = Field(max_length=64)
+    canary: str | None = Field(None, max_length=64)
+    percent: float = Field(0.0, ge=0, le=100)
+    shadow: str | None = Field(None, max_length=64)
+    guard: Guard | None = Field(None, description="Kept as it is when left out.")
+    why: str = Field("", max_length=1000, description="Kept in the policy history.")
+
+
+class ChangeIn(BaseModel):
+    why: str = Field("", max_length=1000, description="Kept in the policy history.")
+
+
+class PolicyChangeOut(BaseModel):
+    at: float
+    who: str
+    why: str
+    action: str = Field(description="set, promote or rollback")
+    policy: PolicyOut
+
+
+class RoleStatsOut(BaseModel):
+    requests: int
+    errors: int
+    error_rate: float
+    p50_compute_ms: float | None
+    p99_compute_ms: float | None
+
+
+class VersionStatsOut(BaseModel):
+    label: str
+    epoch: int | None
+    roles: dict[str, RoleStatsOut] = Field(description="By role: stable, canary, shadow, …")
+
+
+class VersionRolloutOut(BaseModel):
+    role: str | None = Field(description="stable, canary, shadow, or null (idle).")
+    version: str | None
+    workers: list[str]
+    stats: VersionStatsOut | None
+
+
+class WorkerEpochOut(BaseModel):
+    labels: list[str]
+    epoch: int | None = Field(description="The policy epoch its heartbeat reports.")
+
+
+class RolloutOut(BaseModel):
+    model: str
+    policy: PolicyOut
+    versions: dict[str, VersionRolloutOut]
+    workers: dict[str, WorkerEpochOut] = Field(description="Live workers serving the model.")
+    converged: bool = Field(description="Every live worker reports the policy's epoch.")
+    stats_available: bool = Field(description="False until workers publish per-version stats.")
+    history: list[PolicyChangeOut] = Field(description="Newest first.")
+
+
+class FleetOut(BaseModel):
+    """``batchfleet status --json``: the same document, from the same reader."""
+
+    taken_at: float
+    namespace: str
+    broker: str
+    lanes: list[dict[str, Any]] = Field(description="One per model and lane.")
+    workers: list[dict[str, Any]] = Field(description="Live workers (fresh heartbeat).")
+    totals: dict[str, Any]
+
+
+class DeadLetterOut(BaseModel):
+    """As ``batchfleet dlq list -o json`` prints it."""
+
+    request_id: str
+    model: str
+    attempts: int
+    reason: str
+    dead_at: str | None = Field(description="ISO 8601, UTC.")
+    errors: list[dict[str, Any]] = Field(description="One per attempt, oldest first.")
+
+
+class DeadLetterPage(BaseModel):
+    model: str
+    letters: list[DeadLetterOut] = Field(description="Oldest first.")
+    next_cursor: str | None = Field(
+        description="Pass as ``cursor`` for the next page; null on the last page.")
+
+
+class ReplayIn(BaseModel):
+    request_ids: list[str] = Field(default_factory=list, max_length=10_000,
+                                   description="Replay these requests' dead letters.")
+    model: str | None = Field(default=None, description="Replay every letter of this model.")
+    dry_run: bool = Field(default=False,
+                          description="Only say what would be replayed; change nothing.")
+
+
+class ReplayOut(BaseModel):
+    dry_run: bool
+    replayed: list[str] = Field(description="Re-run under their own IDs (or would be).")
+    skipped: dict[str, str] = Field(description="Request ID -> why it was not replayed.")

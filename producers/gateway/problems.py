@@ -7,6 +7,7 @@ refusals and failed inferences with one piece of code.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,12 +15,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from schemas.envelopes import ErrorInfo
-from schemas.errors import (
+from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.schemas.errors import (
     AuthError,
     BatchfleetError,
     DecodeError,
+    IdempotencyConflictError,
     LimitExceededError,
+    OverloadedError,
+    QuotaExceededError,
+    RequestLostError,
     RequestNotFoundError,
     ResultStoreError,
     TransportError,
@@ -36,10 +41,15 @@ _STATUS: tuple[tuple[type[BatchfleetError], int], ...] = (
     (ValidationError, 422),
     (UnknownModelError, 404),
     (RequestNotFoundError, 404),
+    (IdempotencyConflictError, 409),
+    (QuotaExceededError, 429),
+    (RequestLostError, 410),
+    (OverloadedError, 503),
     (ResultStoreError, 503),
     (TransportError, 503),
 )
 _HTTP_TYPES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               409: "conflict", 429: "too_many_requests",
                405: "method_not_allowed", 413: "limit_exceeded", 415: "unsupported_media_type"}
 
 
@@ -63,6 +73,10 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, AuthError):
             info = ErrorInfo("forbidden" if exc.forbidden else "unauthorized", str(exc))
         headers = {"WWW-Authenticate": "ApiKey"} if status == 401 else None
+        if isinstance(exc, QuotaExceededError):  # when to come back, in whole seconds
+            headers = {**exc.headers, "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        if isinstance(exc, OverloadedError):  # past the admission mark: come back soon
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
         return JSONResponse({"error": info.to_wire()}, status, headers=headers)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:

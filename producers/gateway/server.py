@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uvicorn
 
-from producers.gateway.app import create_app
-from producers.gateway.settings import GatewaySettings
+from batchfleet.producers.gateway.app import create_app
+from batchfleet.producers.gateway.settings import GatewaySettings
 
 
 def serve(settings: GatewaySettings, host: str = "127.0.0.1", port: int = 8080,

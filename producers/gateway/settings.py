@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from connectors.result_store import DEFAULT_TTL_S
-from connectors.ssrf import CallbackPolicy
-from producers.gateway.auth import KeyRing
-from schemas.errors import ConfigError
+from batchfleet.connectors.result_store import DEFAULT_TTL_S
+from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.producers.gateway.auth import KeyRing
+from batchfleet.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,19 @@ class GatewaySettings:
     #: Longest long-poll (``?wait=``); longer waits are cut to this.
     max_wait_s: float = 60.0
     result_ttl_s: int = DEFAULT_TTL_S
+    #: HMAC key for request IDs derived from Idempotency-Key; the same on every replica.
+    #: None: a random one per process (idempotency then holds only within that process).
+    id_secret: str | None = None
+    #: Admission marks (producers/admission.py): refuse submits with 503 past this fraction
+    #: of Redis maxmemory (0: never), or while a lane holds this many requests (0: no limit).
+    admit_max_memory: float = 0.8
+    admit_max_backlog: int = 0
+    #: How long the list of served models is trusted before it is read again.
+    model_list_ttl_s: float = 5.0
+    #: Each Redis pool's size (the gateway has two); past it, callers wait for a connection.
+    #: Long-polls hold none while they wait, so this bounds Redis calls in flight, not
+    #: open HTTP requests (docs/http-api.md, "Connection pools").
+    redis_max_connections: int = 256
 
     def validated(self) -> GatewaySettings:
         if not self.keys.keys:
@@ -32,4 +45,9 @@ class GatewaySettings:
         if self.max_body_bytes < 1 or self.max_batch_items < 1 or self.max_wait_s < 0:
             raise ConfigError("max_body_bytes and max_batch_items must be positive, "
                               "max_wait_s not negative")
+        if self.redis_max_connections < 2:
+            raise ConfigError("redis_max_connections must be at least 2")
+        if self.id_secret is not None and len(self.id_secret) < 16:
+            raise ConfigError("the ID secret must be at least 16 characters "
+                              "(e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
         return self

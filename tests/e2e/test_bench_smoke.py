@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from connectors.embedded_kafka import find_tansu
-from schemas.errors import ConfigError
+from batchfleet.connectors.embedded_kafka import find_tansu
+from batchfleet.schemas.errors import ConfigError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

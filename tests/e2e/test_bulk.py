@@ -18,8 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from connectors import redis_client
-from producers.bulk import (
+from batchfleet.connectors import redis_client
+from batchfleet.connectors.bulk_jobs import RedisBulkJobs
+from batchfleet.producers.bulk import (
     Endpoints,
     JobConflictError,
     JobSpec,
@@ -27,7 +28,8 @@ from producers.bulk import (
     load_job,
     run_job,
 )
-from schemas.names import Names
+from batchfleet.schemas.names import Names
+from batchfleet.workers.models import TensorSpec, TorchModuleHandler, build_mlp
 from tests.support.bulk_main import (
     BULK_COMMAND,
     mlp_inputs,
@@ -37,7 +39,6 @@ from tests.support.bulk_main import (
 )
 from tests.support.fleet import running_worker
 from tests.support.models import POISON, SlowMLP
-from workers.models import TensorSpec, TorchModuleHandler, build_mlp
 
 pytestmark = pytest.mark.e2e
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -46,7 +47,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 async def _record(redis_url: str, job_id: str) -> Any:
     client = redis_client(redis_url)
     try:
-        return await load_job(client, Names(), job_id)
+        return await load_job(RedisBulkJobs(client, Names()), job_id)
     finally:
         await client.aclose()
 
@@ -151,7 +152,7 @@ async def test_parquet_feature_columns_and_npy_inputs(redis_url: str, tmp_path: 
     keep = [i for i in range(n) if i != 7]
     np.testing.assert_allclose(np.array([outputs[i] for i in keep], np.float32),
                                reference[keep], **TOL)
-    (error,) = read_jsonl(tmp_path / "out.errors.jsonl")
+    (error,) = read_jsonl(tmp_path / "out.feat-1.errors.jsonl")
     assert error["row"] == 7 and error["custom_id"] == 70 and "'f3' is null" in \
         error["error"]["message"]
     assert not _hidden_files(tmp_path)  # parts merged and removed

@@ -19,8 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers import AsyncClient
-from producers.bulk import request_id_for
+from batchfleet.producers import AsyncClient
+from batchfleet.producers.bulk import request_id_for
+from batchfleet.workers.models import TensorSpec, TorchModuleHandler
 from tests.e2e.test_bulk import TOL, _record, wait_for_rows
 from tests.support.bulk_main import (
     BULK_COMMAND,
@@ -31,7 +32,6 @@ from tests.support.bulk_main import (
 )
 from tests.support.fleet import running_worker
 from tests.support.models import SlowMLP
-from workers.models import TensorSpec, TorchModuleHandler
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 N = 100_000
@@ -82,7 +82,7 @@ async def test_jsonl_job_killed_halfway_resumes_to_exactly_the_right_output(
     assert [r["custom_id"] for r in rows] == [f"c{i}" for i in range(N)]
     np.testing.assert_allclose(np.array([r["outputs"] for r in rows], np.float32),
                                mlp_reference(x), **TOL)
-    assert (tmp_path / "out.errors.jsonl").stat().st_size == 0
+    assert (tmp_path / "out.kill-jsonl.errors.jsonl").stat().st_size == 0
     # No duplicate work: rows finished before the kill were not run again. The only
     # possible repeat is a chunk published in the instant before the kill recorded it.
     assert stats.computed - N == stats.duplicates <= CHUNK

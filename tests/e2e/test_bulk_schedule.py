@@ -36,7 +36,7 @@ async def test_rq_cron_config_schedules_a_bulk_job_that_an_rq_worker_runs(
     scheduler.load_config_from_file(str(CONFIG))
     (cron_job,) = scheduler.get_jobs()
     assert cron_job.cron == "30 1 * * *" and cron_job.queue_name == "batchfleet-bulk"
-    assert cron_job.func_name == "producers.bulk.scheduled.run_nightly"
+    assert cron_job.func_name == "batchfleet.producers.bulk.scheduled.run_nightly"
     # what the scheduler enqueues at 01:30 (with the day pinned, as RQ's enqueue time would)
     cron_job.kwargs["day"] = date(2025, 1, 1)
     rq_job = cron_job.enqueue(connection)

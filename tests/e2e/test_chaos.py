@@ -12,12 +12,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from batchfleet.dlq import DeadLetterOps
 from batchfleet.processes import WorkerProcess
-from connectors.embedded_redis import EmbeddedRedis
-from producers import AsyncClient
-from schemas.envelopes import Result
-from schemas.errors import WaitTimeoutError
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.envelopes import Result
+from batchfleet.schemas.errors import BatchfleetError, WaitTimeoutError
 from tests.support.models import CRASH, POISON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,9 +54,9 @@ async def _wait_all(client: AsyncClient, ids: list[str], timeout: float,
 async def _diagnose(url: str, namespace: str, ids: list[str], results: list[Result | None]
                     ) -> str:
     """Where the requests without a result are stuck: their records, streams and retries."""
-    from connectors import redis_client
-    from schemas.envelopes import decode_request_header
-    from schemas.names import Names
+    from batchfleet.connectors import redis_client
+    from batchfleet.schemas.envelopes import decode_request_header
+    from batchfleet.schemas.names import Names
 
     names, redis = Names(namespace), redis_client(url)
     try:
@@ -134,8 +134,8 @@ async def _backlog(redis: Redis, key: str) -> int | None:
 async def test_chaos_run_on_redis_every_request_ends_exactly_once(
         durable_redis: EmbeddedRedis) -> None:
     """Disruptions are tied to progress, not to the clock, so they land mid-run on any machine."""
-    from connectors import redis_client
-    from schemas.names import LANE_INTERACTIVE, Names
+    from batchfleet.connectors import redis_client
+    from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 
     url = durable_redis.url
     n, rng = 5000, random.Random(7)
@@ -193,7 +193,7 @@ async def test_chaos_run_on_redis_every_request_ends_exactly_once(
 @pytest.mark.kafka
 async def test_chaos_run_on_kafka_every_request_ends_exactly_once(
         durable_redis: EmbeddedRedis, kafka_server: object, kafka_broker: str) -> None:
-    from connectors.embedded_kafka import EmbeddedKafka
+    from batchfleet.connectors.embedded_kafka import EmbeddedKafka
     from tests.support.transports import KAFKA_SESSION_MS, make_fleet
 
     fleet = make_fleet("kafka", durable_redis.url, kafka_broker)
@@ -239,3 +239,94 @@ async def test_chaos_run_on_kafka_every_request_ends_exactly_once(
     print(f"chaos (kafka): {n} requests, {statuses.count('succeeded')} succeeded, "
           f"{len(failed)} failed (all poison, all in the DLQ), {kills} worker kills, "
           f"1 broker stall")
+
+
+
+async def _settle(waiting: asyncio.Task[list[Result]], workers: list[WorkerProcess],
+                  *extra: str) -> tuple[list[Result], list[str]]:
+    """(results, lost IDs) of a wait_many with timeout=None, restarting dead workers meanwhile;
+    the outer bound is a liveness check: nothing may hang."""
+    from batchfleet.schemas.errors import RequestLostError
+
+    async def supervise() -> None:
+        while not waiting.done():
+            for i, proc in enumerate(workers):
+                if not proc.alive:
+                    workers[i] = _worker(proc.broker, *extra).start()
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(supervise(), 80)
+    try:
+        return waiting.result(), []
+    except RequestLostError as exc:
+        return [r for r in exc.results if r is not None], exc.request_ids
+
+
+async def _submit_when_back(client: AsyncClient, rows: np.ndarray) -> list[str]:
+    """Submit as soon as Redis and the model registry (a heartbeat away) are back."""
+    for _ in range(100):
+        try:
+            return await client.submit_many("poison", rows)
+        except BatchfleetError:
+            await asyncio.sleep(0.2)
+    raise AssertionError("could not submit after the restart")
+
+
+async def test_chaos_run_with_redis_restarted_empty_reconciles(redis_server: EmbeddedRedis
+                                                               ) -> None:
+    """Redis restarted WITHOUT persistence mid-run, plus a worker kill: every request ends
+    succeeded, failed (poison) or reported lost; nothing hangs; nothing submitted after the
+    restart is lost; the worker that lived through it serves on without a restart."""
+    from batchfleet.connectors import redis_client
+    from batchfleet.schemas.names import LANE_INTERACTIVE, Names
+
+    url = redis_server.url
+    n, rng = 3000, random.Random(13)
+    rows = np.random.default_rng(13).random((n, 10), dtype=np.float32)
+    poison = set(rng.sample(range(n), n // 50))
+    rows[sorted(poison), 0] = POISON
+    extra = ("--quarantine-after", "10", "--max-attempts", "3")
+    workers = [_worker(url, *extra).start() for _ in range(2)]
+    stream = Names("bf").stream("poison", LANE_INTERACTIVE)
+    probe = redis_client(url)
+    try:
+        for w in workers:
+            await asyncio.to_thread(w.wait_ready)
+        survivor = workers[1]
+        async with AsyncClient(url) as client:
+            ids = await client.submit_many("poison", rows)
+            # Waiting from the start: results that land before the restart are kept.
+            waiting = asyncio.create_task(client.wait_many(ids, timeout=None))
+            killed = False
+            while True:  # disruptions tied to progress, not to the clock
+                backlog = await _backlog(probe, stream)
+                if backlog is not None and not killed and backlog < 0.9 * n:
+                    workers[0].kill()  # restarted by the supervisor below
+                    killed = True
+                if backlog is not None and killed and backlog < 0.6 * n:
+                    break
+                await asyncio.sleep(0.02)
+            redis_server.stop()  # no AOF, no RDB: it comes back empty
+            redis_server.start()
+            after = await _submit_when_back(
+                client, np.random.default_rng(14).random((300, 10), dtype=np.float32))
+            done_after, lost_after = await _settle(
+                asyncio.create_task(client.wait_many(after, timeout=None)), workers, *extra)
+            done, lost = await _settle(waiting, workers, *extra)
+            assert survivor.alive, survivor.log_tail()
+            # It put back what Redis lost (its heartbeat; the registry and the group too,
+            # unless the restarted worker got there first) and served on, never restarted.
+            healed = "heartbeat was gone" in survivor.log_path.read_text()
+    finally:
+        await probe.aclose()
+        for w in workers:
+            w.kill()
+    succeeded = sum(r.status == "succeeded" for r in done)
+    failed = {ids.index(r.request_id) for r in done if r.status == "failed"}
+    assert succeeded + len(failed) + len(lost) == n
+    assert failed <= poison  # only poison ever fails
+    assert not lost_after and all(r.status == "succeeded" for r in done_after)
+    assert succeeded and lost and healed
+    print(f"chaos (redis restarted empty): {n} requests, {succeeded} succeeded, "
+          f"{len(failed)} failed (poison), {len(lost)} reported lost; {len(after)} submitted "
+          f"after the restart all succeeded")

@@ -1,9 +1,10 @@
-"""The submit and result commands, run as a user would, against a real worker."""
+"""The submit, result and worker commands, run as a user would, against a real worker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -13,10 +14,11 @@ from tests.support.fleet import running_worker
 pytestmark = pytest.mark.e2e
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
+async def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "batchfleet", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=None if env is None else os.environ | env)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
 
@@ -44,3 +46,23 @@ async def test_submit_wait_and_result_from_the_shell(redis_url: str) -> None:
         code, _, err = await _cli("submit", "-m", "nope", "--broker", redis_url,
                                   "--inputs", "[1.0]")
         assert code == 1 and "no worker serves model 'nope'" in err
+
+
+async def test_worker_print_config_redacts_secrets_and_resolves_per_model_values() -> None:
+    """The settings a worker would start with, from flags and the environment, then exit 0."""
+    code, out, err = await _cli(
+        "worker", "--broker", "redis://:s3cret@redis.example:6379/0", "-m", "demo-mlp",
+        "-m", "demo-encoder", "--retry", "4", "--kafka-partitions", "8", "--print-config",
+        env={"BATCHFLEET_RETRY": "demo-encoder=2", "BATCHFLEET_MAX_WAIT_MS": "9"})
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "s3cret" not in out and "broker = redis://:***@redis.example:6379/0  # flag --broker" \
+        in lines
+    # the flag replaces the variable's entries: --retry 4 now applies to every model
+    assert "retry = 4  # flag --retry" in lines
+    assert "retry[demo-mlp] = 4" in lines and "retry[demo-encoder] = 4" in lines
+    assert "max_wait_ms = 9.0  # env BATCHFLEET_MAX_WAIT_MS" in lines
+    assert "kafka_partitions = 8  # flag --kafka-partitions" in lines
+    code, _, err = await _cli("worker", "--broker", "redis://h:1/0", "--retry", "nope=2",
+                              "--print-config")
+    assert code == 2 and "--retry names 'nope'" in err and "Traceback" not in err

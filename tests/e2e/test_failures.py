@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from dataclasses import replace
 
+import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.dlq import DeadLetterOps
-from producers import AsyncClient
+from batchfleet.connectors import redis_client
+from batchfleet.connectors.dead_letters import DeadLetter
+from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.dlq import DeadLetterOps, Selection
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.envelopes import decode_request, encode_request
+from batchfleet.schemas.names import Names
 from tests.support.fleet import running_worker
 from tests.support.models import POISON, Switchable, switchable
+from tests.support.transports import Fleet
 
 pytestmark = pytest.mark.e2e
 FAST_RETRY = {"retry_base_s": 0.01, "retry_cap_s": 0.05}
@@ -95,8 +104,8 @@ async def test_dlq_replay_after_fixing_the_model_supersedes_the_failure(redis_ur
 
 async def test_a_batch_over_the_compute_timeout_fails_and_the_worker_carries_on(
         redis_url: str) -> None:
+    from batchfleet.workers.models import TensorSpec, TorchModuleHandler
     from tests.support.models import SLOW, Sleepy
-    from workers.models import TensorSpec, TorchModuleHandler
 
     slow = TorchModuleHandler("slow", Sleepy(), input_spec=TensorSpec("float32", (10,)))
     async with running_worker(redis_url, handlers={"slow": slow}, compute_timeout_s=0.5,
@@ -108,3 +117,75 @@ async def test_a_batch_over_the_compute_timeout_fails_and_the_worker_carries_on(
     assert timed_out.status == "failed" and timed_out.error is not None
     assert timed_out.error.type == "timeout" and "longer than 0.5s" in timed_out.error.message
     assert {r.status for r in fine} == {"succeeded"}
+
+
+async def test_two_replays_in_a_row_leave_one_letter_per_id_and_generation(
+        redis_url: str) -> None:
+    """Old-generation copies still parked for a retry when a replay lands are dropped
+    unrun: they neither retry nor dead-letter again (50 replays once became 120 letters)."""
+    model = Switchable()
+    names = Names("bf")
+    async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                              max_attempts=2, breaker_failures=1000, **FAST_RETRY) as worker, \
+            AsyncClient(redis_url) as client:
+        model.broken = True
+        ids = await client.submit_many("switch", _rows(20, []))
+        assert {r.status for r in await client.wait_many(ids, timeout=30)} == {"failed"}
+        ops = DeadLetterOps(redis_url, None)
+        redis = redis_client(redis_url)
+        schedule = RetrySchedule(redis, names)
+        try:
+            old = await ops.letters("switch")
+            assert len((await ops.replay_selected(Selection("switch"))).replayed) == 20
+            # the gen-0 copies a busy fleet would still hold, parked for their last attempt
+            await schedule.add([(0.0, encode_request(replace(decode_request(dl.envelope),
+                                                             attempt=2)))
+                                for dl in old])
+            gen1 = await _letters_at(ops, generation=1, count=20)
+            model.broken = False
+            first = await ops.replay_selected(Selection("switch"))
+            second = await ops.replay_selected(Selection("switch"))  # right behind it
+            results = await client.wait_many(ids, timeout=30)
+            left = await ops.letters()
+        finally:
+            await ops.close()
+            await redis.aclose()
+    assert {(dl.request_id, dl.generation) for dl in gen1} == {(rid, 1) for rid in ids}
+    assert len(first.replayed) == 20 and second.replayed == []
+    assert {r.status for r in results} == {"succeeded"}
+    assert {r.generation for r in results} == {2}
+    assert left == []
+    # every ID was dead-lettered once per failed generation (0 and 1), never more
+    assert worker.stats.dead_lettered == 40
+    assert worker.stats.stale >= 20  # the parked gen-0 copies, dropped before compute
+
+
+async def _letters_at(ops: DeadLetterOps, generation: int, count: int) -> list[DeadLetter]:
+    for _ in range(300):
+        letters = await ops.letters("switch")
+        if sum(dl.generation == generation for dl in letters) >= count:
+            await asyncio.sleep(0.3)  # room for any stale copy to dead-letter, if it could
+            letters = await ops.letters("switch")
+            counts = Counter((dl.request_id, dl.generation) for dl in letters)
+            assert max(counts.values()) == 1, counts
+            return letters
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {count} letters at generation {generation} in 15 s")
+
+
+@pytest.mark.parametrize("generation", [2**53, 2**64 - 1])
+async def test_a_generation_lua_cannot_compare_gets_a_failed_result_naming_it(
+        fleet: Fleet, generation: int) -> None:
+    """Once computed, refused by the result write (read as -1 in Lua) and acked anyway:
+    now refused at intake with a failed result that lands, under generation 0."""
+    body = {"v": 1, "id": f"gen-{generation}", "model": "demo-mlp", "attempt": 1,
+            "generation": generation,
+            "inputs": {"dtype": "float32", "shape": [10], "data": b"\0" * 40}}
+    async with fleet.worker() as worker, fleet.client() as client:
+        await fleet.raw_publish("demo-mlp", msgpack.packb(body))
+        [result] = await client.wait_many([body["id"]], timeout=30)
+    assert result.status == "failed" and result.error is not None
+    assert result.error.type == "validation_error"
+    assert "generation" in result.error.message and "2^53-1" in result.error.message
+    assert result.generation == 0
+    assert worker.stats.failed == 1 and worker.stats.computed == 0

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from connectors import redis_client
-from connectors.ssrf import CallbackPolicy
-from producers import AsyncClient
-from producers.gateway import GatewaySettings, KeyRing, hash_key
-from schemas.tensors import encode_tensor
+from batchfleet.connectors import redis_client
+from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.producers import AsyncClient
+from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
+from batchfleet.schemas.tensors import encode_tensor
+from batchfleet.workers import Worker
+from batchfleet.workers.models import build_encoder, build_mlp
 from tests.support.fleet import running_worker
 from tests.support.gateway_main import live_gateway
-from workers import Worker
-from workers.models import build_encoder, build_mlp
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ async def test_submit_poll_and_long_poll_both_models(http: httpx.AsyncClient,
     done = (await http.get(f"/v1/requests/{rid}", params={"wait": 20}, headers=AUTH)).json()
     assert done["status"] == "succeeded" and time.monotonic() - started < 10
     np.testing.assert_allclose(done["outputs"], _local(build_mlp(), x), rtol=1e-5, atol=1e-6)
-    assert done["model"] == "demo-mlp" and done["model_version"].startswith("sha256:")
+    assert done["model"] == "demo-mlp" and done["model_version"].startswith("default/sha256:")
 
     enc = await http.post("/v1/models/demo-encoder/requests",
                           json={"inputs": tokens.tolist(), "deadline_s": 60}, headers=AUTH)
@@ -107,7 +107,7 @@ async def test_sdk_and_gateway_wait_for_each_other(http: httpx.AsyncClient, work
         over_http = (await http.post("/v1/models/demo-mlp/requests", json={"inputs": x},
                                      headers=AUTH)).json()["request_id"]
         assert (await sdk.wait(over_http, timeout=20)).status == "succeeded"
-        from_sdk = await sdk.submit("demo-mlp", x)
+        from_sdk = await sdk.submit("demo-mlp", x, owner="all")  # readable by key "all"
         res = await http.get(f"/v1/requests/{from_sdk}", params={"wait": 20}, headers=AUTH)
         assert res.json()["status"] == "succeeded"
 
@@ -206,7 +206,8 @@ async def test_bad_bodies_get_clear_4xx_errors_in_one_shape(http: httpx.AsyncCli
 
 async def test_health_readiness_metrics_and_openapi(http: httpx.AsyncClient) -> None:
     assert (await http.get("/healthz")).json() == {"status": "ok"}
-    assert (await http.get("/readyz")).json() == {"status": "ready"}
+    assert (await http.get("/readyz")).json() == {
+        "status": "ready", "eviction_policy": "noeviction", "eviction_policy_safe": True}
     await http.get("/v1/requests/x", headers=AUTH)
     metrics = (await http.get("/metrics")).text
     assert 'batchfleet_gateway_requests_total{method="GET",route="/v1/requests/{request_id}"' \

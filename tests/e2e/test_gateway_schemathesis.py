@@ -11,8 +11,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from connectors import open_result_store
-from schemas.names import Names
+from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.schemas.names import Names
+from batchfleet.schemas.registry import Declaration
 from tests.e2e.test_gateway import AUTH, NS
 from tests.e2e.test_gateway import settings as gateway_settings
 from tests.support.gateway_main import live_gateway
@@ -21,9 +22,10 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_no_operation_answers_a_server_error(redis_url: str) -> None:
-    store = open_result_store(redis_url, Names(NS))
-    await store.register_models(["demo-mlp", "demo-encoder"])
-    await store.close()
+    registry = open_model_registry(redis_url, Names(NS))
+    for model in ("demo-mlp", "demo-encoder"):
+        await registry.declare(model, Declaration(0.0))
+    await registry.close()
     with live_gateway(gateway_settings(redis_url)) as base:
         schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
         operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]

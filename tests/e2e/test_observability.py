@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from connectors.embedded_redis import EmbeddedRedis
-from producers import AsyncClient
+from batchfleet.connectors.embedded_redis import EmbeddedRedis
+from batchfleet.producers import AsyncClient
 from tests.support.fleet import running_worker
 from tests.support.models import Switchable, switchable
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from connectors import redis_client
-from producers import AsyncClient, Client
-from schemas import Request, encode_request
-from schemas.errors import UnknownModelError
+from batchfleet.connectors import redis_client
+from batchfleet.producers import AsyncClient, Client
+from batchfleet.schemas import Request, encode_request
+from batchfleet.schemas.errors import UnknownModelError
+from batchfleet.workers.models import build_encoder, build_mlp
 from tests.support.fleet import running_worker
 from tests.support.models import POISON
 from tests.support.transports import Fleet
-from workers.models import build_encoder, build_mlp
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ async def test_both_models_end_to_end_match_the_model_run_locally(fleet: Fleet) 
     np.testing.assert_allclose(np.stack([r.outputs for r in enc]),
                                _local(build_encoder(), enc_x), rtol=1e-4, atol=1e-5)
     first = mlp[0]
-    assert first.model == "demo-mlp" and first.model_version.startswith("sha256:")
+    assert first.model == "demo-mlp" and first.model_version.startswith("default/sha256:")
     assert first.attempts == 1 and first.batch_size and first.batch_size >= 1
     assert first.started_at and first.finished_at and first.started_at <= first.finished_at
     assert first.queue_ms is not None and first.compute_ms is not None

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from batchfleet.connectors import BrokerURL
+from batchfleet.connectors.urls import results_url_for
 from batchfleet.status import FleetReader, FleetSnapshot, LaneView
-from connectors import BrokerURL
-from connectors.urls import results_url_for
 from tests.support.models import Switchable, switchable
 from tests.support.transports import Fleet
 

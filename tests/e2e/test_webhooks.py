@@ -14,13 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from connectors.ssrf import CallbackPolicy
-from producers import AsyncClient
-from producers.signatures import verify_signature
-from schemas.errors import CallbackRefusedError
+from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.producers import AsyncClient
+from batchfleet.producers.signatures import verify_signature
+from batchfleet.schemas.errors import CallbackRefusedError
+from batchfleet.schemas.names import Names
+from batchfleet.schemas.registry import Declaration
 from tests.e2e.test_gateway import AUTH, NS, settings
 from tests.support.fleet import running_worker
 from tests.support.gateway_main import live_gateway
+from tests.support.models import non_finite_model
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.e2e
@@ -142,14 +146,24 @@ async def test_callback_urls_outside_the_allowlist_are_refused(
     async with AsyncClient(redis_url, namespace=NS, check_model=False) as strict:
         for url in ["http://example.com/hook", "https://127.0.0.1/hook", "https://10.1.2.3/",
                     "https://169.254.169.254/latest/meta-data", "https://localhost/x",
-                    "https://[::1]/x", "https://user:pw@example.com/", "file:///etc/passwd"]:
+                    "https://[::1]/x", "https://user:pw@example.com/", "file:///etc/passwd",
+                    "https://2130706433/", "https://0x7f000001/", "https://0177.0.0.1/",
+                    "https://127.1/", "https://0/", "https://[64:ff9b::a00:5]/",
+                    "https://[2002:a9fe:a9fe::]/"]:
             with pytest.raises(CallbackRefusedError):
                 await strict.submit("demo-mlp", [0.0] * 10, callback_url=url)
+    # declared, so the gateway gets past the model check to the callback check
+    registry = open_model_registry(redis_url, Names(NS))
+    await registry.declare("demo-mlp", Declaration(0.0))
+    await registry.close()
     with live_gateway(settings(redis_url, callback_policy=CallbackPolicy())) as base:
         async with httpx.AsyncClient(base_url=base) as http:
-            res = await http.post("/v1/models/demo-mlp/requests", headers=AUTH, json={
-                "inputs": [0.0] * 10, "callback_url": "https://192.168.1.1/hook"})
-    assert res.status_code == 422 and res.json()["error"]["type"] == "callback_refused"
+            for url in ["https://192.168.1.1/hook", "https://2130706433/hook",
+                        "https://[64:ff9b::a00:5]/hook"]:
+                res = await http.post("/v1/models/demo-mlp/requests", headers=AUTH, json={
+                    "inputs": [0.0] * 10, "callback_url": url})
+                assert res.status_code == 422, (url, res.text)
+                assert res.json()["error"]["type"] == "callback_refused"
 
     # The webhook worker checks again at delivery: it allows only host 127.0.0.1, so a
     # URL the (more lenient) submitter let through fails at once, without retries.
@@ -176,12 +190,12 @@ async def test_the_job_sends_only_the_stored_terminal_result(redis_url: str,
     a vanished record gives up; the body is always the store's, never the job's."""
     import redis as sync_redis
 
-    from connectors import open_result_store
-    from connectors.result_store import TerminalWrite
-    from connectors.webhook_jobs import DeliveryConfig, deliver
-    from schemas.envelopes import Result, encode_result
-    from schemas.errors import WebhookDeliveryError
-    from schemas.names import Names
+    from batchfleet.connectors import open_result_store
+    from batchfleet.connectors.result_store import TerminalWrite
+    from batchfleet.connectors.webhook_jobs import DeliveryConfig, deliver
+    from batchfleet.schemas.envelopes import Result, encode_result
+    from batchfleet.schemas.errors import WebhookDeliveryError
+    from batchfleet.schemas.names import Names
 
     names = Names(NS)
     store = open_result_store(redis_url, names)
@@ -204,3 +218,58 @@ async def test_the_job_sends_only_the_stored_terminal_result(redis_url: str,
         await asyncio.to_thread(deliver, conn, config, names, "never", 0, receiver.url, "d3")
     conn.close()
     await store.close()
+
+
+def _strict_json(body: bytes) -> Any:
+    """JSON as a strict parser reads it: NaN and Infinity are not JSON."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"non-JSON constant {constant} in body")
+    return json.loads(body, parse_constant=refuse)
+
+
+async def test_non_finite_outputs_are_null_in_the_webhook_and_get_bodies_alike(
+        redis_url: str, webhook_worker: Any, receiver: Receiver) -> None:
+    """A model turning finite inputs into NaN and Infinity: both bodies are strict JSON with
+    ``null`` in those places, and they are the same bytes (one encoder serves both)."""
+    receiver.start()
+    async with running_worker(redis_url, namespace=NS, webhook_retry_intervals=(1, 1, 1),
+                              handlers={"nan-out": non_finite_model()}):
+        with live_gateway(settings(redis_url)) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                sent = await http.post("/v1/models/nan-out/requests", headers=AUTH, json={
+                    "inputs": [0.5] * 10, "callback_url": receiver.url})
+                assert sent.status_code == 202, sent.text
+                rid = sent.json()["request_id"]
+                polled = await http.get(f"/v1/requests/{rid}", params={"wait": 20},
+                                        headers=AUTH)
+        got = await _arrivals(receiver, 1, 30)
+    body = _strict_json(got[0].body)
+    assert body["status"] == "succeeded" and body["request_id"] == rid
+    assert body["outputs"] == [None, None, None, 0.5]
+    assert polled.headers["content-type"] == "application/json"
+    assert _strict_json(polled.content) == body
+    assert got[0].body == polled.content
+    assert verify_signature(SECRET, got[0].body, got[0].headers["Batchfleet-Signature"])
+
+
+async def test_a_trailing_newline_is_refused_in_ids_and_model_names(redis_url: str) -> None:
+    """Reproduction: ``wf-nl\\n`` used to be accepted and readable at ``/v1/requests/wf-nl%0A``."""
+    import redis.asyncio as aioredis
+
+    from batchfleet.schemas.errors import ValidationError
+    from batchfleet.schemas.names import Names
+
+    async with AsyncClient(redis_url, namespace=NS, check_model=False) as sdk:
+        for rid, model in [("wf-nl\n", "demo-mlp"), ("wf-nl", "demo-mlp\n")]:
+            with pytest.raises(ValidationError):
+                await sdk.submit(model, [0.0] * 10, request_id=rid)
+    conn = aioredis.Redis.from_url(redis_url)
+    assert await conn.exists(Names(NS).result("wf-nl\n"), Names(NS).result("wf-nl")) == 0
+    await conn.aclose()
+    with live_gateway(settings(redis_url)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            got = await http.get("/v1/requests/wf-nl%0A", headers=AUTH)
+            sent = await http.post("/v1/models/demo-mlp%0A/requests", headers=AUTH,
+                                   json={"inputs": [0.0] * 10})
+    assert got.status_code == 404, got.text
+    assert sent.status_code in (404, 422), sent.text

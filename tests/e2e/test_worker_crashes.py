@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
+from batchfleet.connectors import redis_client
 from batchfleet.processes import WorkerProcess
-from connectors import redis_client
-from producers import AsyncClient
-from schemas.names import Names
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.e2e
 STREAM = Names().stream("demo-mlp", "interactive")

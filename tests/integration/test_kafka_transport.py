@@ -19,13 +19,13 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from connectors.broker import Delivery, OutboundMessage
-from connectors.embedded_kafka import EmbeddedKafka, metadata_roundtrip
-from connectors.embedded_server import free_port
-from connectors.kafka import KafkaConsumer
-from connectors.kafka_publisher import KafkaPublisher, ensure_topics
-from schemas.errors import TransportError
-from schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names
+from batchfleet.connectors.broker import Delivery, OutboundMessage
+from batchfleet.connectors.embedded_kafka import EmbeddedKafka, metadata_roundtrip
+from batchfleet.connectors.embedded_server import free_port
+from batchfleet.connectors.kafka import KafkaConsumer
+from batchfleet.connectors.kafka_publisher import KafkaPublisher, ensure_topics
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.timeout(60)]
 

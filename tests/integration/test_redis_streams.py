@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from connectors import BrokerURL, OutboundMessage, open_consumer, open_publisher
-from schemas.names import Names
+from batchfleet.connectors import BrokerURL, OutboundMessage, open_consumer, open_publisher
+from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")

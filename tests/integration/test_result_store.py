@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
-from connectors import SubmitState, TerminalWrite, open_result_store
-from schemas.names import Names
+from batchfleet.connectors import SubmitState, TerminalWrite, open_result_store
+from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
+from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.schemas.envelopes import Request, encode_request
+from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")
@@ -88,9 +92,105 @@ async def test_delivery_counts_start_from_what_the_transport_left_uncounted(
         await store.put_pending([("d1", b"p"), ("d2", b"p")])
         # d1: attempt 1's first delivery went uncounted, so this reclaim is its second
         # d2: a transport that counts everything (Kafka), first delivery of attempt 1
-        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(2, 0, -1), (1, 0, -1)]
-        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(3, 0, -1), (2, 0, -1)]
+        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(2, 0, -1, 0),
+                                                                        (1, 0, -1, 0)]
+        assert await store.count_deliveries([("d1", 1), ("d2", 0)]) == [(3, 0, -1, 0),
+                                                                        (2, 0, -1, 0)]
         await store.write_terminal([TerminalWrite("d1", "succeeded", b"done")])
         assert (await store.count_deliveries([("d1", 1)]))[0][2] == 0  # done: ack, don't run
     finally:
+        await store.close()
+
+
+async def test_a_first_delivery_is_only_read_and_sees_the_current_generation(
+        redis_url: str) -> None:
+    """A retry's or replay's first delivery is checked for staleness without being counted."""
+    store = open_result_store(redis_url, NAMES)
+    try:
+        await store.put_pending([("g1", b"p")])
+        await store.write_terminal([TerminalWrite("g1", "failed", b"f")])
+        assert await store.reopen_for_replay([("g1", b"p")]) == [1]
+        # read only (-1): no count, the record's generation 1, nothing terminal
+        assert await store.count_deliveries([("g1", -1)]) == [(0, 0, -1, 1)]
+        assert await store.redis.hget(NAMES.result("g1"), "deliveries") == b"0"
+        # the largest generation Lua compares exactly survives the round trip
+        big = 2**53 - 1
+        await store.redis.hset(NAMES.result("g1"), "gen", big)
+        assert (await store.count_deliveries([("g1", -1)]))[0].gen == big
+    finally:
+        await store.close()
+
+
+async def test_the_dlq_keeps_one_letter_per_id_and_generation_and_refuses_stale_ones(
+        redis_url: str) -> None:
+    store = open_result_store(redis_url, NAMES)
+    dlq = DeadLetterQueue(store.redis, NAMES)
+    try:
+        await store.put_pending([("s1", b"p")])
+        letter = DeadLetter("s1", "m", b"env", 3, [], "model_error")
+        assert await dlq.add([letter, letter]) == [Lettered.ADDED, Lettered.KNOWN]
+        await store.write_terminal([TerminalWrite("s1", "failed", b"f")])
+        assert await store.reopen_for_replay([("s1", b"p")]) == [1]
+        # the old generation's copy is stale; the replayed one may be dead-lettered once
+        gen1 = DeadLetter("s1", "m", b"env", 3, [], "model_error", generation=1)
+        assert await dlq.add([letter, gen1, gen1]) == [Lettered.STALE, Lettered.ADDED,
+                                                      Lettered.KNOWN]
+        assert [(dl.request_id, dl.generation) for dl in await dlq.list("m")] == [
+            ("s1", 0), ("s1", 1)]
+    finally:
+        await store.close()
+
+
+async def test_retries_are_scheduled_only_while_live_at_their_generation(
+        redis_url: str) -> None:
+    store = open_result_store(redis_url, NAMES)
+    schedule = RetrySchedule(store.redis, NAMES)
+    try:
+        await store.put_pending([("live", b"p"), ("done", b"p"), ("old", b"p")])
+        await store.write_terminal([TerminalWrite("done", "succeeded", b"s"),
+                                    TerminalWrite("old", "failed", b"f")])
+        await store.reopen_for_replay([("old", b"p")])
+        assert await schedule.add_live([Retry(1.0, b"e1", "live", 0), Retry(1.0, b"e2", "done", 0),
+                                        Retry(1.0, b"e3", "old", 0), Retry(1.0, b"e4", "old", 1),
+                                        Retry(1.0, b"e5", "unknown", 0)]) == [
+            True, False, False, True, True]
+        assert await schedule.size() == 3
+    finally:
+        await store.close()
+
+
+async def test_dlq_operations_page_through_more_than_a_thousand_letters(
+        redis_url: str) -> None:
+    """list, replay and purge each see every one of 2,500 letters (no 1,000 cap)."""
+    from batchfleet.dlq import DeadLetterOps, Selection
+
+    names = Names("bf")
+    store = open_result_store(redis_url, names)
+    dlq = DeadLetterQueue(store.redis, names)
+    n = 2500
+    ids = [f"p{i}" for i in range(n)]
+    envelopes = [encode_request(Request(rid, "pm", np.zeros(10, np.float32))) for rid in ids]
+    ops = DeadLetterOps(redis_url, None)
+    try:
+        assert await dlq.add([DeadLetter(rid, "pm", env, 3, [{"type": "model_error"}],
+                                         "model_error") for rid, env in zip(ids, envelopes,
+                                                                             strict=True)]
+                             ) == [Lettered.ADDED] * n
+        listed = await ops.letters("pm")
+        assert len(listed) == n and len({dl.request_id for dl in listed}) == n
+        assert len(await ops.letters()) == n  # every model, via the DLQ model set
+        # replay: records are failed, so every one is reopened, published and removed
+        await store.write_terminal([TerminalWrite(rid, "failed", b"f") for rid in ids])
+        report = await ops.replay_selected(Selection(model="pm"))
+        assert len(report.replayed) == n and not report.skipped
+        assert await dlq.size("pm") == 0
+        assert await store.redis.xlen(names.stream("pm", "interactive")) == n
+        # the replayed generation dead-letters again; purge sees all of them
+        assert await dlq.add([DeadLetter(rid, "pm", env, 3, [], "model_error", generation=1)
+                              for rid, env in zip(ids, envelopes, strict=True)]
+                             ) == [Lettered.ADDED] * n
+        assert await ops.purge("pm") == n
+        assert await ops.letters() == []
+    finally:
+        await ops.close()
         await store.close()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from connectors import TerminalWrite, open_result_store
-from producers.waiting import ResultWaiter
-from schemas.envelopes import Result, encode_result
-from schemas.names import Names
+from batchfleet.connectors import TerminalWrite, open_result_store
+from batchfleet.producers.waiting import ResultWaiter
+from batchfleet.schemas.envelopes import Result, encode_result
+from batchfleet.schemas.errors import RequestLostError
+from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.integration
 NAMES = Names("tw")
@@ -52,6 +54,47 @@ async def test_unexpected_ids_are_read_first(redis_url: str) -> None:
         await store.write_terminal([TerminalWrite(write.request_id, write.status, write.body)])
         (result,) = await waiter.wait_many(["theirs"], timeout=5)
         assert result.status == "succeeded"
+    finally:
+        await waiter.close()
+        await store.close()
+
+
+async def test_wait_on_an_id_that_never_existed_ends_with_request_lost(redis_url: str) -> None:
+    """No record, and none appears: even timeout=None ends within a few seconds."""
+    store = open_result_store(redis_url, NAMES)
+    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.5)
+    try:
+        with pytest.raises(RequestLostError) as lost:
+            await asyncio.wait_for(waiter.wait_many(["ghost"], timeout=None), 15)
+        assert lost.value.request_ids == ["ghost"] and "ghost" in str(lost.value)
+    finally:
+        await waiter.close()
+        await store.close()
+
+
+async def test_pending_request_on_a_lost_lane_ends_and_others_finish(redis_url: str) -> None:
+    """wait_many's contract: the lost IDs are named once the rest have finished, and
+    the results that did arrive are on the exception, in request order."""
+    store = open_result_store(redis_url, NAMES)
+    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.5)
+    try:
+        def pending(rid: str, enqueued_at: float) -> tuple[str, bytes]:
+            return rid, encode_result(Result(rid, "pending", model="m",
+                                             enqueued_at=enqueued_at))
+
+        now = time.time()
+        await store.put_pending([pending("before", now - 60), pending("after", now + 60),
+                                 pending("done", now - 60)])
+        waiting = asyncio.create_task(waiter.wait_many(["before", "done", "after"], 15))
+        await store.mark_lane_losses({"m:interactive": int(now * 1000)})
+        await store.write_terminal([_done("done")])
+        await asyncio.sleep(2.0)
+        assert not waiting.done()  # "after" was enqueued after the loss: still pending
+        await store.write_terminal([_done("after")])
+        with pytest.raises(RequestLostError) as lost:
+            await waiting
+        assert lost.value.request_ids == ["before"]
+        assert [r and r.status for r in lost.value.results] == [None, "succeeded", "succeeded"]
     finally:
         await waiter.close()
         await store.close()

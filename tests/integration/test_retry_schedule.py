@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from connectors import open_result_store
-from connectors.dead_letters import DeadLetter, DeadLetterQueue
-from connectors.retry_schedule import RetrySchedule
-from schemas.names import Names
+from batchfleet.connectors import open_result_store
+from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue
+from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from workers import Worker, WorkerSettings
-from workers.models import ModelHandler
+from batchfleet.workers import Worker, WorkerSettings
+from batchfleet.workers.models import ModelHandler
 
 
 @asynccontextmanager

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors.embedded_kafka import EmbeddedKafka, find_tansu
-from schemas.errors import ConfigError
+from batchfleet.connectors.embedded_kafka import EmbeddedKafka, find_tansu
+from batchfleet.schemas.errors import ConfigError
 
 ENV_VAR = "BATCHFLEET_TEST_KAFKA"
 

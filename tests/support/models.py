@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import nn
 
-from workers.models import TensorSpec, TorchModuleHandler
-from workers.models.builtin import build_mlp
+from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+from batchfleet.workers.models.builtin import build_mlp
 
 #: A demo-mlp input whose first feature is this value makes the poison model raise.
 POISON = -999.0
@@ -103,3 +104,54 @@ class SlowMLP(nn.Module):
 
         time.sleep(0.02)
         return self.inner(x)  # type: ignore[no-any-return]
+
+
+class NonFinite(nn.Module):
+    """Finite float32[10] in, float32[4] out: NaN, +Infinity, -Infinity, then the first input.
+
+    Real models do this (0/0, an overflowing exp); the JSON bodies must say ``null``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = x[:, :1]
+        inf = first * 0.0 + float("inf")
+        return torch.cat([first / 0.0 * 0.0, inf, -inf, first], dim=1)
+
+
+def non_finite_model(name: str = "nan-out") -> TorchModuleHandler:
+    return TorchModuleHandler(name, NonFinite(), input_spec=TensorSpec("float32", (10,)))
+
+
+class Wedged(nn.Module):
+    """A forward that takes far longer than any grace period: a wedged model."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(120)
+        return x[:, :1]
+
+
+def sleepy_model() -> TorchModuleHandler:
+    return TorchModuleHandler("sleepy", Wedged(), input_spec=TensorSpec("float32", (10,)))
+
+
+#: The flaky canary fails every request whose second feature is this value.
+FLAKY = -3.0  # not 0: warm-up batches are zeros
+
+
+class FailsSome(nn.Module):
+    """demo-mlp, except that a batch holding a row whose second feature is :data:`FLAKY`
+    raises (bisection then fails exactly those rows): a test that sends that value in
+    one request in five gets a canary that fails a deterministic 20%."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 1] == FLAKY).any()):
+            raise RuntimeError("flaky canary: this input fails")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def flaky_canary() -> TorchModuleHandler:
+    """Served as a version: ``--model demo-mlp@flaky=tests.support.models:flaky_canary``."""
+    return TorchModuleHandler("flaky", FailsSome(), input_spec=TensorSpec("float32", (10,)))

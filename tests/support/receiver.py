@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from connectors.embedded_server import free_port
+from batchfleet.connectors.embedded_server import free_port
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from batchfleet.connectors import BrokerURL, OutboundMessage, open_publisher
 from batchfleet.processes import WorkerProcess
-from connectors import BrokerURL, OutboundMessage, open_publisher
-from producers import AsyncClient
-from schemas.names import Names
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.names import Names
+from batchfleet.workers import Worker
 from tests.support.fleet import running_worker
-from workers import Worker
 
 #: Short Kafka sessions: Tansu holds a group join for half of it, and a dead member's
 #: partitions move after it.

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.backoff import compute_backoff
+from batchfleet.workers.backoff import compute_backoff
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from workers.batching import (
+from batchfleet.workers.batching import (
     MicroBatcher,
     gather_pause_s,
     is_batch_ready,

@@ -13,19 +13,19 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from producers.bulk.errors import BulkError, InputFormatError
-from producers.bulk.merge import NpyMerger, ParquetMerger
-from producers.bulk.progress import BarProgress
-from producers.bulk.report import JobReport, exit_code, summary_table
-from producers.bulk.rows import Position, Row
-from producers.bulk.sink_npy import NpySink
-from producers.bulk.sink_parquet import ParquetSink, parts_dir
-from producers.bulk.sinks import JsonlSink
-from producers.bulk.source_parquet import ParquetSource
-from producers.bulk.sources import JsonlSource, NpySource, count_lines
-from producers.bulk.spec import JobSpec, Tuning, check_job_id, request_id_for
-from schemas.envelopes import ErrorInfo, Result
-from schemas.errors import ConfigError
+from batchfleet.producers.bulk.errors import BulkError, InputFormatError
+from batchfleet.producers.bulk.merge import NpyMerger, ParquetMerger
+from batchfleet.producers.bulk.progress import BarProgress
+from batchfleet.producers.bulk.report import JobReport, exit_code, summary_table
+from batchfleet.producers.bulk.rows import Position, Row
+from batchfleet.producers.bulk.sink_npy import NpySink
+from batchfleet.producers.bulk.sink_parquet import ParquetSink, parts_dir
+from batchfleet.producers.bulk.sinks import JsonlSink
+from batchfleet.producers.bulk.source_parquet import ParquetSource
+from batchfleet.producers.bulk.sources import JsonlSource, NpySource, count_lines
+from batchfleet.producers.bulk.spec import JobSpec, Tuning, check_job_id, request_id_for
+from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +61,7 @@ def test_spec_refuses_mismatched_formats_and_missing_inputs(tmp_path: Path) -> N
     with pytest.raises(InputFormatError, match="cannot tell the format"):
         JobSpec.create("j", "demo-mlp", tmp_path / "in.jsonl", tmp_path / "out.csv")
     spec = JobSpec.create("j", "demo-mlp", tmp_path / "in.jsonl", tmp_path / "o.jsonl")
-    assert spec.errors == (tmp_path / "o.errors.jsonl").resolve()
+    assert spec.errors == (tmp_path / "o.j.errors.jsonl").resolve()  # one per job ID
     with pytest.raises(ConfigError):
         Tuning(window=0).validated()
 
@@ -145,7 +145,7 @@ def test_jsonl_sink_truncates_to_the_checkpoint_on_resume(tmp_path: Path) -> Non
     assert [x["row"] for x in lines] == [0, 1, 2, 3, 4, 5] and lines[5]["status"] == "succeeded"
     errors = [json.loads(x) for x in spec.errors.read_text().splitlines()]
     assert [e["row"] for e in errors] == [2] and final.failed == 1
-    with pytest.raises(BulkError, match="checkpoint"):
+    with pytest.raises(BulkError, match=r"run again with --restart .* or restore"):
         JsonlSink(spec, Position(out_offset=10**9))
 
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from producers.coalescing import Coalescer
+from batchfleet.producers.coalescing import Coalescer
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from schemas import (
+from batchfleet.schemas import (
     ErrorInfo,
     Limits,
     Request,
@@ -14,7 +14,7 @@ from schemas import (
     encode_request,
     encode_result,
 )
-from schemas.errors import DecodeError, LimitExceededError, ValidationError
+from batchfleet.schemas.errors import DecodeError, LimitExceededError, ValidationError
 
 pytestmark = pytest.mark.unit
 
@@ -82,3 +82,63 @@ def test_invalid_ids_and_model_names_are_refused_at_encode() -> None:
         encode_request(_request(request_id="has space"))
     with pytest.raises(ValidationError, match="model name"):
         encode_request(_request(model="bad/name"))
+
+
+def _raw(**fields: object) -> bytes:
+    """A request as a non-Python producer might send it: any value in any field."""
+    body = {"v": 1, "id": "r-1", "model": "demo-mlp", "lane": "interactive",
+            "enqueued_at": 1.5, "deadline_at": None, "callback_url": None, "notify": None,
+            "attempt": 1, "generation": 0, "errors": [],
+            "inputs": {"dtype": "float32", "shape": [1], "data": b"\0" * 4}}
+    return msgpack.packb({**body, **fields}, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("generation", 2**53),  # one past what Lua compares exactly
+    ("generation", 2**64 - 1),  # was read as -1 by the result-write script
+    ("generation", -1),
+    ("generation", 1.0),
+    ("generation", True),
+    ("attempt", 2**53),
+    ("attempt", -1),
+    ("attempt", "2"),
+    ("enqueued_at", float("inf")),
+    ("enqueued_at", float("nan")),
+    ("enqueued_at", "now"),
+    ("deadline_at", float("-inf")),
+    ("deadline_at", True),
+    ("lane", "urgent"),
+    ("lane", 3),
+    ("notify", "a b"),
+    ("callback_url", 7),
+    ("errors", {"attempt": 1}),
+])
+def test_out_of_range_fields_are_validation_errors_naming_the_field(
+        field: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=field):
+        decode_request(_raw(**{field: value}))
+
+
+@pytest.mark.parametrize(("field", "value", "read"), [
+    ("generation", 2**53 - 1, 2**53 - 1),
+    ("generation", 0, 0),
+    ("attempt", 2**53 - 1, 2**53 - 1),
+    ("attempt", 0, 1),  # 0 is read as 1
+    ("deadline_at", 1e12, 1e12),
+])
+def test_edge_values_in_range_are_accepted(field: str, value: object, read: object) -> None:
+    assert getattr(decode_request(_raw(**{field: value})), field) == read
+
+
+def test_a_generation_out_of_lua_range_is_stored_as_zero() -> None:
+    from batchfleet.schemas.envelopes import MAX_EXACT_INT, lua_exact_generation
+
+    assert [lua_exact_generation(g) for g in (0, 7, MAX_EXACT_INT, MAX_EXACT_INT + 1,
+                                                2**64 - 1, -1, True, "3", None)] == [
+        0, 7, MAX_EXACT_INT, 0, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("field", ["attempt", "generation"])
+def test_encoding_refuses_integers_lua_cannot_compare(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        encode_request(_request(**{field: 2**53}))

@@ -25,8 +25,8 @@ import promql_parser
 import pytest
 import yaml
 
-from schemas.names import LANES, Names
-from workers.metrics import WorkerMetrics
+from batchfleet.schemas.names import LANES, Names
+from batchfleet.workers.metrics import WorkerMetrics
 
 pytestmark = pytest.mark.unit
 

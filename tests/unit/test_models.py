@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from schemas.errors import ConfigError, ModelError, OutputMismatchError, ValidationError
-from workers.models import TensorSpec, check_inputs, load_model, parse_model_spec
-from workers.runner import ModelRunner, bisect_run
+from batchfleet.schemas.errors import ConfigError, ModelError, OutputMismatchError, ValidationError
+from batchfleet.workers.models import TensorSpec, check_inputs, load_model, parse_model_spec
+from batchfleet.workers.runner import ModelRunner, bisect_run
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
@@ -96,3 +96,32 @@ def test_runner_turns_failures_into_typed_errors_per_request() -> None:
     assert "poison input" in str(run.outputs[3])
     short = runner.run("short", [np.ones(10, np.float32)] * 2)
     assert all(isinstance(o, OutputMismatchError) for o in short.outputs)
+
+
+def test_encoder_validate_refuses_tokens_outside_the_vocabulary() -> None:
+    from batchfleet.schemas.errors import InvalidInputError
+    from batchfleet.workers.models.builtin import ENCODER_SEQ_LEN, ENCODER_VOCAB
+
+    handler = load_model("demo-encoder")
+    ok = np.full(ENCODER_SEQ_LEN, ENCODER_VOCAB - 1, np.int64)
+    handler.validate(ok)  # type: ignore[attr-defined]
+    for bad in (ENCODER_VOCAB, ENCODER_VOCAB + 5000, -1):
+        tokens = ok.copy()
+        tokens[7] = bad
+        with pytest.raises(InvalidInputError, match=r"\[0, 1024\)") as caught:
+            handler.validate(tokens)  # type: ignore[attr-defined]
+        assert caught.value.wire_type == "validation_error" and not caught.value.retryable
+        assert isinstance(caught.value, ValidationError)
+
+
+def test_invalid_input_raised_in_predict_is_pinned_and_not_retryable() -> None:
+    from batchfleet.schemas.errors import InvalidInputError
+
+    def run(items: list[int]) -> list[int]:
+        if 3 in items:
+            raise InvalidInputError("3 is not allowed")
+        return items
+
+    out = bisect_run(run, [1, 2, 3, 4])
+    assert out[:2] == [1, 2] and out[3] == 4
+    assert isinstance(out[2], InvalidInputError) and not out[2].retryable

@@ -7,8 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from schemas.errors import ValidationError
-from schemas.tensors import DTYPES, decode_tensor, decode_tensors, encode_tensor, encode_tensors
+from batchfleet.schemas.errors import ValidationError
+from batchfleet.schemas.tensors import (
+    DTYPES,
+    decode_tensor,
+    decode_tensors,
+    encode_tensor,
+    encode_tensors,
+)
 
 pytestmark = pytest.mark.unit
 

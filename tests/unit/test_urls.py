@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.urls import BrokerURL, results_url_for
-from schemas.errors import ConfigError
+from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

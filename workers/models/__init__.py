@@ -1,13 +1,22 @@
 """Model handlers: built-ins, user-supplied modules and TorchScript / torch.export files."""
 
-from workers.models.builtin import BUILTIN_MODELS, build_encoder, build_mlp
-from workers.models.handler import (
+from batchfleet.workers.models.builtin import BUILTIN_MODELS, build_encoder, build_mlp
+from batchfleet.workers.models.handler import (
     ModelHandler,
     TensorSpec,
     TorchModuleHandler,
     check_inputs,
+    validate_request,
 )
-from workers.models.loading import load_model, load_models, parse_model_spec
+from batchfleet.workers.models.loading import (
+    load_model,
+    load_models,
+    load_versions,
+    parse_model_spec,
+    per_model,
+    slots,
+    version_lane,
+)
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -19,5 +28,10 @@ __all__ = [
     "check_inputs",
     "load_model",
     "load_models",
+    "load_versions",
     "parse_model_spec",
+    "per_model",
+    "slots",
+    "validate_request",
+    "version_lane",
 ]

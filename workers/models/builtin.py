@@ -1,17 +1,22 @@
 """Built-in models, addressable by name with no code: ``demo-mlp`` and ``demo-encoder``.
 
 Weights are drawn from a fixed seed inside ``torch.random.fork_rng`` so they
-are reproducible and building a model never disturbs the caller's RNG.
+are reproducible and building a model never disturbs the caller's RNG. A spec
+may name another seed (``demo-mlp:seed=2``): a different network with the same
+specs, which is how rollouts are tried without training anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
-from workers.models.handler import TensorSpec, TorchModuleHandler
+from batchfleet.schemas.errors import InvalidInputError
+from batchfleet.schemas.tensors import Tensors
+from batchfleet.workers.models.handler import TensorSpec, TorchModuleHandler
 
 MLP_SEED = 20240601
 ENCODER_SEED = 20240602
@@ -23,10 +28,10 @@ ENCODER_LAYERS = 4
 ENCODER_OUTPUTS = 8
 
 
-def build_mlp() -> nn.Module:
+def build_mlp(seed: int = MLP_SEED) -> nn.Module:
     """float32[10] -> float32[1]: Linear(10,64)-ReLU-Linear(64,32)-ReLU-Linear(32,1)-Sigmoid."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(MLP_SEED)
+        torch.manual_seed(seed)
         return nn.Sequential(
             nn.Linear(10, 64), nn.ReLU(),
             nn.Linear(64, 32), nn.ReLU(),
@@ -57,27 +62,42 @@ class DemoEncoder(nn.Module):
         return self.head(hidden.mean(dim=1))  # type: ignore[no-any-return]
 
 
-def build_encoder() -> nn.Module:
+def build_encoder(seed: int = ENCODER_SEED) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(ENCODER_SEED)
+        torch.manual_seed(seed)
         return DemoEncoder().eval()
 
 
-def demo_mlp(name: str = "demo-mlp", max_batch_size: int = 1024) -> TorchModuleHandler:
+def check_tokens(inputs: Tensors) -> None:
+    """demo-encoder's domain: token IDs in ``[0, vocab)``; others would raise inside the
+    embedding (an IndexError) on every attempt, so they are refused at intake."""
+    tokens = np.asarray(inputs)
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= ENCODER_VOCAB):
+        bad = tokens[(tokens < 0) | (tokens >= ENCODER_VOCAB)]
+        raise InvalidInputError(
+            f"token IDs must be in [0, {ENCODER_VOCAB}); got {bad.size} outside it "
+            f"(e.g. {int(bad[0])})")
+
+
+def demo_mlp(name: str = "demo-mlp", max_batch_size: int = 1024,
+             seed: int = MLP_SEED) -> TorchModuleHandler:
     return TorchModuleHandler(
-        name, build_mlp(), input_spec=TensorSpec("float32", (10,)),
+        name, build_mlp(seed), input_spec=TensorSpec("float32", (10,)),
         max_batch_size=max_batch_size,
     )
 
 
-def demo_encoder(name: str = "demo-encoder", max_batch_size: int = 1024) -> TorchModuleHandler:
+def demo_encoder(name: str = "demo-encoder", max_batch_size: int = 1024,
+                 seed: int = ENCODER_SEED) -> TorchModuleHandler:
     return TorchModuleHandler(
-        name, build_encoder(), input_spec=TensorSpec("int64", (ENCODER_SEQ_LEN,)),
-        max_batch_size=max_batch_size,
+        name, build_encoder(seed), input_spec=TensorSpec("int64", (ENCODER_SEQ_LEN,)),
+        max_batch_size=max_batch_size, validator=check_tokens,
+        input_range=(0, ENCODER_VOCAB),
     )
 
 
-BUILTIN_MODELS: dict[str, Callable[[str, int], TorchModuleHandler]] = {
+#: Each takes (name, max_batch_size, seed); ``demo-mlp:seed=2`` is another network.
+BUILTIN_MODELS: dict[str, Callable[..., TorchModuleHandler]] = {
     "demo-mlp": demo_mlp,
     "demo-encoder": demo_encoder,
 }

@@ -4,23 +4,32 @@ A handler has explicit hooks, as in LitServe: ``setup(device)`` once, then per
 batch ``preprocess`` (collate requests into tensors on the device),
 ``predict`` and ``postprocess`` (split back into one output per request). An
 optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
-request before it can poison a batch.
+request before it can poison a batch, and an optional ``validate(inputs)`` hook
+refuses values the spec cannot express (a token ID past the vocabulary): both
+run at intake, one request at a time, so bad input fails alone and is never
+retried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from schemas.errors import ConfigError, OutputMismatchError, ValidationError
-from schemas.tensors import Array, Tensors, signature
-from workers.models.staging import PinnedStaging
+from batchfleet.schemas.errors import (
+    ConfigError,
+    InvalidInputError,
+    OutputMismatchError,
+    SchemaError,
+    ValidationError,
+)
+from batchfleet.schemas.tensors import Array, Tensors, signature
+from batchfleet.workers.models.staging import PinnedStaging
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +56,45 @@ def check_inputs(spec: TensorSpec | None, inputs: Tensors) -> None:
     if signature(inputs) == spec.signature:
         return
     if np.dtype(inputs.dtype) != np.dtype(spec.dtype):
-        raise ValidationError(f"wrong dtype: expected {spec.dtype}, got {inputs.dtype}")
+        hint = ""
+        if np.dtype(inputs.dtype).kind in "iu" and np.dtype(spec.dtype).kind == "f":
+            # JSON whole numbers become int64 on every front door: say how to send floats.
+            hint = (f" (whole numbers are sent as {inputs.dtype}: send floats, run with "
+                    f"--dtype {spec.dtype}, or set \"dtype\": \"{spec.dtype}\" over HTTP)")
+        raise ValidationError(f"wrong dtype: expected {spec.dtype}, got {inputs.dtype}{hint}")
     raise ValidationError(
         f"wrong shape: expected {spec.describe()}, got {inputs.dtype}{list(inputs.shape)}"
     )
 
 
+def validate_request(handler: ModelHandler, inputs: Tensors) -> None:
+    """Everything intake can check about one request's inputs: the spec, then the handler's
+    own ``validate`` hook where it has one. Whatever the hook raises refuses the request
+    (as an :class:`InvalidInputError` unless it is already a validation error)."""
+    check_inputs(handler.input_spec, inputs)
+    hook = getattr(handler, "validate", None)
+    if hook is None:
+        return
+    try:
+        hook(inputs)
+    except SchemaError:
+        raise
+    except Exception as exc:
+        raise InvalidInputError(f"{type(exc).__name__}: {exc}") from exc
+
+
 @runtime_checkable
 class ModelHandler(Protocol):
-    """What a worker needs from a model. User factories may return one of these."""
+    """What a worker needs from a model. User factories may return one of these.
+
+    Optionally a handler also has ``validate(self, inputs: Tensors) -> None``, called
+    at intake for each request, after the ``input_spec`` check and before it can join
+    a batch. It raises :class:`schemas.errors.InvalidInputError` to refuse input
+    outside the model's domain; the request then fails at once with a
+    ``validation_error`` and is never retried. ``preprocess`` and ``predict`` may
+    raise it too, for input only the model can judge: bisection pins it on the
+    request, which fails once and does not count against the model's breaker.
+    """
 
     name: str
     version: str
@@ -123,6 +162,8 @@ class TorchModuleHandler:
         input_spec: TensorSpec | None = None,
         autocast: bool = False,
         max_batch_size: int = 1024,
+        validator: Callable[[Tensors], None] | None = None,
+        input_range: tuple[float, float] | None = None,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(f"model {name!r}: expected a torch.nn.Module, got {type(module)}")
@@ -131,6 +172,9 @@ class TorchModuleHandler:
         self.version = version or weights_version(module)
         self.input_spec = input_spec
         self.autocast = autocast
+        self.validator = validator
+        #: Where valid inputs lie (token IDs: ``[0, vocab)``), for seeded calibration rows.
+        self.input_range = input_range
         self.device = torch.device("cpu")
         self._staging = PinnedStaging(max_batch_size)
 
@@ -140,6 +184,11 @@ class TorchModuleHandler:
         with contextlib.suppress(NotImplementedError):  # torch.export modules: no eval()
             self.module.eval()
         self._staging.enabled = device.type == "cuda"
+
+    def validate(self, inputs: Tensors) -> None:
+        """The ``validate`` hook: the ``validator`` given at construction, if any."""
+        if self.validator is not None:
+            self.validator(inputs)
 
     def preprocess(self, inputs: Sequence[Tensors]) -> Any:
         first = inputs[0]

@@ -3,9 +3,20 @@
 Accepted forms:
 
 * ``demo-mlp`` / ``demo-encoder``: a built-in model under its own name;
-* ``NAME=demo-mlp``: a built-in under another name;
+* ``NAME=demo-mlp``: a built-in under another name; ``demo-mlp:seed=N`` draws other weights;
 * ``NAME=package.module:factory``: a factory returning a handler or an ``nn.Module``;
-* ``NAME=path/to/model.pt``: TorchScript (``torch.jit.save``) or ``torch.export`` (``.pt2``).
+* ``NAME=path/to/model.pt``: TorchScript (``torch.jit.save``) or ``torch.export`` (``.pt2``);
+* ``NAME=path/to/model.onnx``: an ONNX file, run by ONNX Runtime (fp32, or int8 through
+  ``--precision int8``), gated against its own fp32 outputs.
+
+Any form may carry a version label, ``NAME@LABEL=SOURCE`` (repeatable per model):
+the label is the version's identity for rollout, pinning and rollback, and an
+unlabelled spec is ``default``. :func:`load_versions` returns ``{model: {label:
+handler}}`` in the order given; each version gets its own ``RuntimeChoice``
+(``--runtime MODEL@LABEL=onnx``).
+
+Each handler is then wrapped for its :class:`RuntimeChoice` (``--runtime``,
+``--precision``; see :mod:`.runtimes`).
 
 Every failure here is a :class:`ConfigError` raised at start-up, so a worker
 never starts serving a model it could not load.
@@ -14,37 +25,90 @@ never starts serving a model it could not load.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from schemas.errors import ConfigError
-from schemas.names import check_model_name
-from workers.models.builtin import BUILTIN_MODELS
-from workers.models.handler import ModelHandler, TorchModuleHandler
+from batchfleet.schemas.envelopes import check_version_label
+from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import check_model_name
+from batchfleet.schemas.registry import DEFAULT_LABEL
+from batchfleet.workers.models.builtin import BUILTIN_MODELS
+from batchfleet.workers.models.handler import ModelHandler, TorchModuleHandler
+from batchfleet.workers.models.runtimes import RuntimeChoice, RuntimeHandler, apply_runtime
+
+#: Per-version runtime choice, by model name and version label.
+ChoiceFor = Callable[[str, str], RuntimeChoice]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One ``--model NAME[@LABEL]=SOURCE``."""
+
+    name: str
+    label: str
+    source: str
+
+
+def split_model_spec(spec: str) -> ModelSpec:
+    """Split ``NAME[@LABEL]=SOURCE``; a bare built-in name is its own source."""
+    head, sep, source = spec.partition("=")
+    name, at, label = head.strip().partition("@")
+    name, label, source = name.strip(), label.strip(), source.strip()
+    if not sep:
+        source = name
+    if not name or not source or (at and not label):
+        raise ConfigError(f"--model {spec!r}: expected NAME[@VERSION]=module:factory, "
+                          f"NAME=file.pt or a built-in ({', '.join(BUILTIN_MODELS)})")
+    try:
+        check_model_name(name)
+        if at:
+            check_version_label(label)
+    except Exception as exc:
+        raise ConfigError(f"--model {spec!r}: {exc}") from exc
+    return ModelSpec(name, label or DEFAULT_LABEL, source)
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:
-    """Split ``NAME=SOURCE``; a bare built-in name is its own source."""
-    name, sep, source = spec.partition("=")
-    name, source = name.strip(), source.strip()
-    if not sep:
-        source = name
-    if not name or not source:
-        raise ConfigError(f"--model {spec!r}: expected NAME=module:factory, NAME=file.pt or a "
-                          f"built-in ({', '.join(BUILTIN_MODELS)})")
-    try:
-        check_model_name(name)
-    except Exception as exc:
-        raise ConfigError(f"--model {spec!r}: {exc}") from exc
-    return name, source
+    """``(NAME, SOURCE)`` of ``NAME[@LABEL]=SOURCE`` (the label: :func:`split_model_spec`)."""
+    parsed = split_model_spec(spec)
+    return parsed.name, parsed.source
 
 
-def load_model(spec: str, max_batch_size: int = 1024) -> ModelHandler:
+def builtin_source(source: str) -> tuple[str, int | None] | None:
+    """``demo-mlp`` -> ("demo-mlp", None); ``demo-mlp:seed=2`` -> ("demo-mlp", 2); else None."""
+    base, _, options = source.partition(":")
+    if base not in BUILTIN_MODELS:
+        return None
+    seed: int | None = None
+    for option in filter(None, (o.strip() for o in options.split(","))):
+        key, _, value = option.partition("=")
+        if key.strip() != "seed" or not value.strip().lstrip("-").isdigit():
+            raise ConfigError(f"built-in model {source!r}: the only option is seed=N "
+                              f"(e.g. {base}:seed=2), got {option!r}")
+        seed = int(value)
+    return base, seed
+
+
+def load_model(spec: str, max_batch_size: int = 1024,
+               choice: RuntimeChoice | None = None) -> ModelHandler:
+    """The handler for one ``--model`` spec, wrapped for ``choice`` (default eager fp32)."""
+    choice = choice or RuntimeChoice()
     name, source = parse_model_spec(spec)
-    if source in BUILTIN_MODELS:
-        return BUILTIN_MODELS[source](name, max_batch_size)
+    if source.endswith(".onnx"):
+        return _load_onnx(name, Path(source), choice, max_batch_size)
+    return apply_runtime(_load_eager(name, source, spec, max_batch_size), choice,
+                         max_batch_size)
+
+
+def _load_eager(name: str, source: str, spec: str, max_batch_size: int) -> ModelHandler:
+    if (builtin := builtin_source(source)) is not None:
+        base, seed = builtin
+        factory = BUILTIN_MODELS[base]
+        return factory(name, max_batch_size, **({} if seed is None else {"seed": seed}))
     if source.endswith((".pt", ".pt2", ".pth", ".ts")) or Path(source).exists():
         return TorchModuleHandler(name, _load_file(name, Path(source)),
                                   max_batch_size=max_batch_size)
@@ -56,17 +120,28 @@ def load_model(spec: str, max_batch_size: int = 1024) -> ModelHandler:
     )
 
 
-def load_models(specs: list[str] | tuple[str, ...], max_batch_size: int = 1024
-                ) -> dict[str, ModelHandler]:
-    handlers: dict[str, ModelHandler] = {}
+def load_versions(specs: Sequence[str], max_batch_size: int = 1024,
+                  runtimes: ChoiceFor | None = None) -> dict[str, dict[str, ModelHandler]]:
+    """``{model: {label: handler}}``, in the order given (a model's first label first)."""
+    versions: dict[str, dict[str, ModelHandler]] = {}
     for spec in specs:
-        handler = load_model(spec, max_batch_size)
-        if handler.name in handlers:
-            raise ConfigError(f"model {handler.name!r} is given twice")
-        handlers[handler.name] = handler
-    if not handlers:
+        parsed = split_model_spec(spec)
+        labels = versions.setdefault(parsed.name, {})
+        if parsed.label in labels:
+            what = "" if parsed.label == DEFAULT_LABEL else f" version {parsed.label!r}"
+            raise ConfigError(f"model {parsed.name!r}{what} is given twice")
+        choice = runtimes(parsed.name, parsed.label) if runtimes else None
+        labels[parsed.label] = load_model(spec, max_batch_size, choice)
+    if not versions:
         raise ConfigError("no models given: pass --model demo-mlp (or set BATCHFLEET_MODELS)")
-    return handlers
+    return versions
+
+
+def load_models(specs: Sequence[str], max_batch_size: int = 1024,
+                runtimes: ChoiceFor | None = None) -> dict[str, ModelHandler]:
+    """One handler per model: its first version (tools that run a single version)."""
+    return {name: next(iter(labels.values()))
+            for name, labels in load_versions(specs, max_batch_size, runtimes).items()}
 
 
 def _load_file(name: str, path: Path) -> torch.nn.Module:
@@ -102,3 +177,49 @@ def _from_factory(name: str, source: str, max_batch_size: int) -> ModelHandler:
         "nn.Module or a handler with setup/preprocess/predict/postprocess, name, version "
         "and input_spec"
     )
+
+
+def _load_onnx(name: str, path: Path, choice: RuntimeChoice,
+               max_batch_size: int) -> RuntimeHandler:
+    """An ``.onnx`` file always runs on ONNX Runtime; its fp32 session is the reference."""
+    from batchfleet.workers.models.onnx_runtime import (
+        OnnxModule,
+        OnnxSession,
+        file_version,
+        require_onnx,
+    )
+
+    if not path.exists():
+        raise ConfigError(f"model {name!r}: file {path} does not exist")
+    if choice.runtime == "compile":
+        raise ConfigError(f"model {name!r}: --runtime compile needs a torch model; "
+                          f"{path} is ONNX (use --runtime onnx)")
+    require_onnx(name)
+    session = OnnxSession(path, torch.device("cpu"))
+    handler = TorchModuleHandler(name, OnnxModule(session), version=file_version(path),
+                                 input_spec=session.input_spec(),
+                                 max_batch_size=max_batch_size)
+    onnx_choice = RuntimeChoice("onnx", choice.precision, choice.calibration,
+                                choice.accept_accuracy_loss, choice.tolerance)
+    return RuntimeHandler(handler, onnx_choice, max_batch_size, onnx_file=path)
+
+
+def version_lane(model: str, label: str) -> str:
+    """The lane name of one version (``demo-mlp@v2``): its compute slot, and the broker
+    lane only its holders consume (``@`` never occurs in a model name)."""
+    return f"{model}@{label}"
+
+
+def slots(versions: Mapping[str, Mapping[str, ModelHandler]]) -> dict[str, ModelHandler]:
+    """Every version's handler under its :func:`version_lane` name (the compute thread's)."""
+    return {version_lane(m, label): h for m, labels in versions.items()
+            for label, h in labels.items()}
+
+
+def per_model(by_slot: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per slot (``model@label``) summed per model."""
+    out: dict[str, float] = {}
+    for slot, seconds in by_slot.items():
+        model = slot.partition("@")[0]
+        out[model] = out.get(model, 0.0) + seconds
+    return out

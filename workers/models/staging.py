@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from schemas.tensors import Array
+from batchfleet.schemas.tensors import Array
 
 
 class PinnedStaging:

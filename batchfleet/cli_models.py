@@ -1,0 +1,208 @@
+"""``batchfleet models declare | list | show | undeclare``: the model registry by hand.
+
+Declaring a model before any worker serves it lets producers submit to it at
+once (the requests wait in its lane), and gives submits an input spec to be
+checked against. See docs/operations.md, "Deploy order".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import typer
+
+from batchfleet.connectors.model_registry import RedisModelRegistry, Undeclared, open_model_registry
+from batchfleet.options import (
+    BrokerOpt,
+    JsonOpt,
+    NamespaceOpt,
+    ResultsOpt,
+    fail,
+    run_against,
+)
+from batchfleet.output import (
+    Column,
+    NoHeadersOpt,
+    OutputOpt,
+    console,
+    dump,
+    human_time,
+    output_format,
+    render,
+    table,
+)
+from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.registry import Declaration, ModelRecord, TensorSpec
+from batchfleet.schemas.validation import check_model_name
+
+T = TypeVar("T")
+
+models_app = typer.Typer(
+    help="Declare models ahead of their workers, and read the model registry.\n\n"
+         "Examples:\n\n    batchfleet models declare fraud --input float32[10]\n\n"
+         "    batchfleet models list",
+    no_args_is_help=True, rich_markup_mode="markdown")
+
+NameArg = Annotated[str, typer.Argument(help="The model's name.")]
+
+
+def _run(broker: str, results: str | None, namespace: str,
+         body: Callable[[RedisModelRegistry], Awaitable[T]]) -> T:
+    """Run ``body`` against the registry; our errors exit 1 with one line."""
+    return run_against(open_model_registry, broker, results, namespace, body)
+
+
+def _spec(option: str, text: str | None) -> TensorSpec | None:
+    if text is None:
+        return None
+    try:
+        return TensorSpec.parse(text)
+    except BatchfleetError as exc:
+        raise fail(f"{option}: {exc}") from exc
+
+
+@models_app.command()
+def declare(
+    name: NameArg, broker: BrokerOpt,
+    input_spec: Annotated[str | None, typer.Option(
+        "--input", metavar="DTYPE[SHAPE]",
+        help="Per-request input, e.g. float32[10]; submits off it are refused at once.")
+    ] = None,
+    output_spec: Annotated[str | None, typer.Option(
+        "--output", metavar="DTYPE[SHAPE]", help="Per-request output, e.g. float32[1].")
+    ] = None,
+    results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+) -> None:
+    """Declare a model before any worker serves it: submits are accepted and wait in its
+    lane until a worker starts. Declaring again replaces the specs.
+
+    Examples:
+
+        batchfleet models declare fraud --input float32[10] --output float32[1] --broker redis://localhost:6379/0
+
+        batchfleet models declare ranker --input int64[64]
+    """
+    try:
+        check_model_name(name)
+    except BatchfleetError as exc:
+        raise fail(str(exc)) from exc
+    declaration = Declaration(time.time(), _spec("--input", input_spec),
+                              _spec("--output", output_spec))
+    _run(broker, results, namespace, lambda registry: registry.declare(name, declaration))
+    spec = f" ({declaration.input.describe()})" if declaration.input else ""
+    typer.echo(f"declared {name}{spec}")
+
+
+@models_app.command()
+def undeclare(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
+              namespace: NamespaceOpt = "bf") -> None:
+    """Withdraw a declaration. A model no live worker serves is removed from the registry
+    (submits to it are refused again); one still served stays listed, as served.
+
+    Example:
+
+        batchfleet models undeclare fraud --broker redis://localhost:6379/0
+    """
+    done = _run(broker, results, namespace, lambda registry: registry.undeclare(name))
+    if done is Undeclared.UNKNOWN:
+        raise fail(f"unknown model {name!r}: nothing to undeclare", 1)
+    if done is Undeclared.STILL_SERVED:
+        typer.echo(f"{name} is no longer declared; live workers serve it, so it stays listed")
+        return
+    typer.echo(f"removed {name}")
+
+
+@models_app.command("list")
+def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+          output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
+          as_json: JsonOpt = False) -> None:
+    """List every model submits are accepted for: declared, served, or both.
+
+    Examples:
+
+        batchfleet models list --broker redis://localhost:6379/0
+
+        batchfleet models list -o json
+    """
+    fmt = output_format(output, as_json)
+    records = _run(broker, results, namespace, lambda registry: registry.records())
+    now = time.time()
+    rows = [{"model": r.name, "declared": _declared(r),
+             "versions": ", ".join(f"{v.label}={v.version}" for v in r.versions.values())
+             or "—", "live": len(r.live_workers(now)), "stable": r.policy.stable,
+             "shards": r.lane_shards} for r in records]
+    render(rows, COLUMNS, fmt, no_headers, title=f"models ({len(records)})",
+           body=[r.to_json(now) for r in records])
+
+
+COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versions"),
+           Column("live", "live workers"), Column("stable"), Column("shards"))
+
+
+@models_app.command()
+def show(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
+         namespace: NamespaceOpt = "bf", as_json: JsonOpt = False,
+         output: OutputOpt = "table", no_headers: NoHeadersOpt = False) -> None:
+    """Show one model's registry record: versions and specs, declaration, serving workers
+    with when each was last seen, rollout policy and lane shards.
+
+    Examples:
+
+        batchfleet models show demo-mlp
+
+        batchfleet models show demo-mlp --json
+
+        batchfleet models show demo-mlp -o wide --no-headers
+    """
+    fmt = output_format(output, as_json)
+    record = _run(broker, results, namespace, lambda registry: registry.get(name))
+    if record is None:
+        raise fail(f"unknown model {name!r}: no worker serves it and it is not declared; "
+                   f"declare it with `batchfleet models declare {name} --input DTYPE[SHAPE]`", 1)
+    now = time.time()
+    if fmt in ("json", "yaml"):
+        dump(record.to_json(now), fmt)
+        return
+    _print_record(record, now, wide=fmt == "wide", no_headers=no_headers)
+
+
+VERSION_COLUMNS = (Column("label"), Column("version"), Column("input", wide=True),
+                   Column("output", wide=True))
+SERVED_COLUMNS = (Column("worker"), Column("last_seen", "last seen", show=human_time),
+                  Column("live"), Column("labels", wide=True))
+
+
+def _print_record(record: ModelRecord, now: float, *, wide: bool, no_headers: bool) -> None:
+    """The record's one-value facts as lines (not with ``no_headers``), then its versions
+    and serving workers as tables (whole worker IDs, local times)."""
+    from batchfleet.cli_rollout import describe
+
+    out = console()
+    if not no_headers:
+        declared = record.declared
+        out.print(f"{record.name}: declared {_declared(record)}"
+                  + (f" at {human_time(declared.at)}" if declared is not None else "")
+                  + f"; rollout epoch {record.policy.epoch}, {describe(record.policy)}; "
+                  f"lane shards {record.lane_shards}")
+    versions = [{"label": label, "version": v.version,
+                 "input": v.input.describe() if v.input else "any",
+                 "output": v.output.describe() if v.output else "any"}
+                for label, v in sorted(record.versions.items())]
+    served = [{"worker": s.worker_id, "last_seen": s.at,
+               "live": "yes" if s.live(now) else "no", "labels": ", ".join(s.labels)}
+              for s in sorted(record.served.values(), key=lambda s: s.worker_id)]
+    for rows, columns, title, none in (
+            (versions, VERSION_COLUMNS, "versions", "none registered (no worker yet)"),
+            (served, SERVED_COLUMNS, "served by", "no worker yet")):
+        if rows:
+            out.print(table(rows, columns, wide=wide, no_headers=no_headers, title=title))
+        elif not no_headers:
+            out.print(f"{title}: {none}")
+
+
+def _declared(record: ModelRecord) -> str:
+    if record.declared is None:
+        return "—"
+    return record.declared.input.describe() if record.declared.input else "any"

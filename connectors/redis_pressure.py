@@ -1,0 +1,55 @@
+"""How full a Redis is: memory against ``maxmemory``, its eviction policy, lane depths.
+
+One pipeline (``INFO memory`` plus an ``XLEN`` per lane asked about), read by
+producers' admission control (``producers.admission``) at most a few times a
+second, and by readiness checks for the eviction policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from batchfleet.connectors.errors import wrap_errors
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import Names
+
+#: Policies that never evict a key without a TTL: streams and pending records are safe.
+SAFE_POLICY_PREFIXES = ("noeviction", "volatile-")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisPressure:
+    used_memory: int
+    #: 0: no limit.
+    max_memory: int
+    eviction_policy: str
+    #: (model, lane) -> entries queued (Redis Streams only).
+    depths: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def memory_fraction(self) -> float:
+        """``used_memory / maxmemory``; 0 when Redis has no limit."""
+        return self.used_memory / self.max_memory if self.max_memory > 0 else 0.0
+
+    @property
+    def eviction_safe(self) -> bool:
+        """False for ``allkeys-*``: Redis may then evict a stream (the queue itself)."""
+        return self.eviction_policy.startswith(SAFE_POLICY_PREFIXES)
+
+
+async def read_pressure(client: aioredis.Redis, names: Names,
+                        lanes: Sequence[tuple[str, str]] = ()) -> RedisPressure:
+    pipe = client.pipeline(transaction=False)
+    pipe.info("memory")
+    for model, lane in lanes:
+        pipe.xlen(names.stream(model, lane))
+    with wrap_errors(TransportError, "cannot read Redis memory"):
+        info, *depths = await pipe.execute()
+    policy = info.get("maxmemory_policy", "noeviction")
+    return RedisPressure(
+        int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+        policy.decode() if isinstance(policy, bytes) else str(policy),
+        {lane: int(d) for lane, d in zip(lanes, depths, strict=True)})

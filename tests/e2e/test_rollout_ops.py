@@ -1,0 +1,234 @@
+"""The rollout operations surface against real Redis, the real CLI and a real uvicorn
+gateway: ``batchfleet rollout set|promote|rollback|status`` (every ``--json`` form), the
+admin-only HTTP endpoints, and model discovery (``GET /v1/models``, ``Client.models()``).
+
+Versions are registered the way a worker's heartbeat registers them (``serve``), so these
+tests need no multi-version worker; the discovery test runs a real one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from batchfleet.cli import app
+from batchfleet.connectors import redis_client
+from batchfleet.connectors.model_registry import RedisModelRegistry, open_model_registry
+from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
+from batchfleet.producers import AsyncClient, Client
+from batchfleet.producers.gateway import KeyRing, hash_key
+from batchfleet.schemas.names import Names
+from batchfleet.schemas.registry import Declaration, ModelVersion, TensorSpec
+from tests.e2e.test_gateway import settings as gateway_settings
+from tests.support.fleet import running_worker
+from tests.support.gateway_main import live_gateway
+
+pytestmark = pytest.mark.e2e
+NS = "ro"
+F10, F1 = TensorSpec("float32", (10,)), TensorSpec("float32", (1,))
+VERSIONS = [ModelVersion(label, f"sha256:{label}", F10, F1) for label in ("default", "v2", "v3")]
+ADMIN, USER, MLP = "bfk_admin", "bfk_user", "bfk_mlp"
+KEYS = KeyRing.parse(f"admin:{hash_key(ADMIN)}:*:scopes=admin\n"
+                     f"user:{hash_key(USER)}:*\nmlp:{hash_key(MLP)}:demo-mlp")
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in-process (it runs its own event loop: off this one, in a thread)."""
+    out = await asyncio.to_thread(CliRunner(env={"COLUMNS": "200"}).invoke, app, list(args))
+    return out.exit_code, out.stdout, out.stderr
+
+
+@pytest.fixture
+async def registry(redis_url: str) -> AsyncIterator[RedisModelRegistry]:
+    reg = open_model_registry(redis_url, Names(NS))
+    await reg.serve("w-test", {"demo-mlp": VERSIONS})
+    yield reg
+    await reg.close()
+
+
+async def _rollout(redis_url: str, *args: str) -> Any:
+    code, out, err = await _cli("rollout", *args, "--broker", redis_url, "--namespace", NS)
+    assert code == 0, err
+    return json.loads(out) if "--json" in args else out
+
+
+async def _publish_stats(redis_url: str, epoch: int) -> None:
+    """What workers publish per version and role (R3's writer): 90 stable, 10 canary (1 error)."""
+    raw = redis_client(redis_url)
+    stable, canary = VersionDelta(), VersionDelta()
+    stable.add_batch(90, 0, 2.0)
+    canary.add_batch(10, 1, 3.0)
+    try:
+        await RedisRolloutStats(raw, Names(NS)).flush_versions(
+            "demo-mlp", epoch, {("default", "stable"): stable, ("v2", "canary"): canary})
+    finally:
+        await raw.aclose()
+
+
+async def test_cli_set_and_status_json(registry: RedisModelRegistry, redis_url: str) -> None:
+    at = ("--broker", redis_url, "--namespace", NS)
+
+    async def rollout(*args: str) -> Any:
+        return await _rollout(redis_url, *args)
+
+    # status before any change: the default policy, no history, stats absent
+    empty = await rollout("status", "demo-mlp")
+    assert "demo-mlp: epoch 0, stable default" in empty and "stats: absent" in empty
+
+    policy = await rollout("set", "demo-mlp", "--stable", "default", "--canary", "v2",
+                           "--percent", "20", "--shadow", "v3", "--guard-window", "50",
+                           "--who", "alice", "--why", "try v2", "--json")
+    assert policy == {"stable": "default", "canary": "v2", "percent": 20.0, "shadow": "v3",
+                      "previous": None, "epoch": 1,
+                      "guard": {"error_points": 5.0, "p99_ratio": 2.0, "min_window": 50}}
+    # refused, one line, nothing written
+    code, _, err = await _cli("rollout", "set", "demo-mlp", "--stable", "default",
+                              "--canary", "v9", "--percent", "5", *at)
+    assert code == 1 and "no version 'v9'" in err and "default, v2, v3" in err
+    code, _, err = await _cli("rollout", "set", "demo-mlp", "--stable", "default",
+                              "--canary", "v2", *at)
+    assert code == 2 and "--percent" in err
+
+    await _publish_stats(redis_url, 1)
+    status = await rollout("status", "demo-mlp", "--json")
+    assert status["model"] == "demo-mlp" and status["policy"] == policy
+    assert status["stats_available"] is True
+    versions = status["versions"]
+    assert {label: (v["role"], v["version"], v["workers"]) for label, v in versions.items()} == {
+        "default": ("stable", "sha256:default", ["w-test"]),
+        "v2": ("canary", "sha256:v2", ["w-test"]), "v3": ("shadow", "sha256:v3", ["w-test"])}
+    canary_stats = versions["v2"]["stats"]["roles"]["canary"]
+    assert (canary_stats["requests"], canary_stats["errors"]) == (10, 1)
+    assert canary_stats["error_rate"] == pytest.approx(0.1)
+    assert canary_stats["p50_compute_ms"] >= 3.0
+    assert versions["default"]["stats"]["roles"]["stable"]["requests"] == 90
+    assert versions["v3"]["stats"] is None
+    # "w-test" registered without a heartbeat: it reports no epoch, so not converged yet
+    assert status["workers"] == {"w-test": {"labels": ["default", "v2", "v3"], "epoch": None}}
+    assert status["converged"] is False
+    assert [(h["who"], h["why"], h["action"]) for h in status["history"]] == [
+        ("alice", "try v2", "set")]
+    table = await rollout("status", "demo-mlp")
+    assert "canary v2 at 20%" in table and "alice" in table and "try v2" in table
+    code, _, err = await _cli("rollout", "status", "nope", *at)
+    assert code == 1 and "'nope'" in err
+
+
+async def test_cli_promote_and_rollback_json(registry: RedisModelRegistry,
+                                             redis_url: str) -> None:
+    at = ("--broker", redis_url, "--namespace", NS)
+
+    async def rollout(*args: str) -> Any:
+        return await _rollout(redis_url, *args)
+
+    await rollout("set", "demo-mlp", "--stable", "default", "--canary", "v2", "--percent", "20",
+                  "--shadow", "v3", "--json")
+    promoted = await rollout("promote", "demo-mlp", "--why", "v2 is fine", "--json")
+    assert (promoted["stable"], promoted["canary"], promoted["shadow"],
+            promoted["previous"], promoted["epoch"]) == ("v2", None, "v3", "default", 2)
+    first = await rollout("rollback", "demo-mlp", "--json")  # the shadow goes first
+    assert (first["stable"], first["shadow"], first["epoch"]) == ("v2", None, 3)
+    second = await rollout("rollback", "demo-mlp", "--why", "v2 bad", "--json")
+    assert (second["stable"], second["previous"], second["epoch"]) == ("default", None, 4)
+    code, _, err = await _cli("rollout", "rollback", "demo-mlp", *at)
+    assert code == 1 and "nothing to roll back" in err
+    code, _, err = await _cli("rollout", "promote", "demo-mlp", *at)
+    assert code == 1 and "no canary to promote" in err
+
+    history = (await rollout("status", "demo-mlp", "--json"))["history"]
+    assert [(h["action"], h["policy"]["epoch"]) for h in history] == [
+        ("rollback", 4), ("rollback", 3), ("promote", 2), ("set", 1)]
+    assert history[0]["why"] == "v2 bad" and "@" in history[0]["who"]  # user@host
+
+
+async def test_http_rollout_needs_an_admin_key(registry: RedisModelRegistry,
+                                               redis_url: str) -> None:
+    with live_gateway(gateway_settings(redis_url, namespace=NS, keys=KEYS)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            def h(key: str) -> dict[str, str]:
+                return {"X-API-Key": key}
+
+            body = {"stable": "default", "canary": "v2", "percent": 10, "why": "http canary"}
+            url = "/v1/models/demo-mlp/rollout"
+            # a key that may use the model but is not admin: 403; one that may not: 404
+            for key, status in ((USER, 403), (MLP, 403)):
+                assert (await http.put(url, json=body, headers=h(key))).status_code == status
+                assert (await http.get(url, headers=h(key))).status_code == status
+                assert (await http.post(f"{url}/rollback", headers=h(key))).status_code == status
+            hidden = await http.get("/v1/models/demo-encoder/rollout", headers=h(MLP))
+            assert hidden.status_code == 404
+            assert (await http.get(url)).status_code == 401
+            assert (await registry.get_policy("demo-mlp")).epoch == 0  # nothing changed
+
+            put = await http.put(url, json=body, headers=h(ADMIN))
+            assert put.status_code == 200, put.text
+            assert put.json()["canary"] == "v2" and put.json()["epoch"] == 1
+            bad = await http.put(url, json={**body, "canary": "v9"}, headers=h(ADMIN))
+            assert bad.status_code == 422 and "no version 'v9'" in bad.json()["error"]["message"]
+            read = await http.get(url, headers=h(ADMIN))
+            assert read.status_code == 200
+            assert read.json()["history"][0]["who"] == "api-key:admin"
+            assert read.json()["history"][0]["why"] == "http canary"
+            promoted = await http.post(f"{url}/promote", json={"why": "ok"}, headers=h(ADMIN))
+            assert promoted.status_code == 200 and promoted.json()["stable"] == "v2"
+            back = await http.post(f"{url}/rollback", headers=h(ADMIN))
+            assert back.status_code == 200 and back.json()["stable"] == "default"
+            assert back.json()["epoch"] == 3
+            again = await http.post(f"{url}/rollback", headers=h(ADMIN))
+            assert again.status_code == 422
+            unknown = await http.get("/v1/models/nope/rollout", headers=h(ADMIN))
+            assert unknown.status_code == 404
+
+
+async def test_models_endpoints_and_client_models(redis_url: str) -> None:
+    registry = open_model_registry(redis_url, Names(NS))
+    await registry.declare("fraud", Declaration(1.0, F10, F1))
+    await registry.close()
+    async with running_worker(redis_url, namespace=NS, models=("demo-mlp",)) as worker:
+        wid = worker.settings.worker_id
+        with live_gateway(gateway_settings(redis_url, namespace=NS, keys=KEYS)) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                every = await http.get("/v1/models", headers={"X-API-Key": USER})
+                assert every.status_code == 200
+                by_name = {m["name"]: m for m in every.json()["models"]}
+                assert set(by_name) == {"demo-mlp", "fraud"}
+                mlp = by_name["demo-mlp"]
+                assert mlp["input"] == {"dtype": "float32", "shape": [10]}
+                assert [v["label"] for v in mlp["versions"]] == ["default"]
+                assert mlp["versions"][0]["version"].startswith("sha256:")
+                assert mlp["policy"]["stable"] == "default" and mlp["policy"]["epoch"] == 0
+                assert [w["worker"] for w in mlp["workers"]] == [wid]
+                fraud = by_name["fraud"]
+                assert (fraud["declared"], fraud["input"], fraud["output"], fraud["workers"]) == (
+                    True, {"dtype": "float32", "shape": [10]},
+                    {"dtype": "float32", "shape": [1]}, [])
+                # a key sees only the models its allowlist permits
+                only = await http.get("/v1/models", headers={"X-API-Key": MLP})
+                assert [m["name"] for m in only.json()["models"]] == ["demo-mlp"]
+                assert (await http.get("/v1/models/fraud",
+                                       headers={"X-API-Key": MLP})).status_code == 404
+                one = await http.get("/v1/models/demo-mlp", headers={"X-API-Key": MLP})
+                assert one.status_code == 200 and one.json() == mlp
+                # the real worker's heartbeat reports the epoch it routes by
+                rollout = (await http.get("/v1/models/demo-mlp/rollout",
+                                          headers={"X-API-Key": ADMIN})).json()
+                assert rollout["workers"] == {wid: {"labels": ["default"], "epoch": 0}}
+                assert rollout["converged"] is True
+                assert (await http.get("/v1/models/nope",
+                                       headers={"X-API-Key": USER})).status_code == 404
+        async with AsyncClient(redis_url, namespace=NS) as client:
+            records = await client.models()
+        assert [r.name for r in records] == ["demo-mlp", "fraud"]
+        assert records[0].versions["default"].input == F10
+        assert wid in records[0].served
+
+    def sync_models() -> list[str]:
+        with Client(redis_url, namespace=NS) as client:
+            return [r.name for r in client.models()]
+
+    assert await asyncio.to_thread(sync_models) == ["demo-mlp", "fraud"]

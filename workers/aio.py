@@ -1,0 +1,85 @@
+"""Small asyncio helpers the worker's loops share."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run ``work`` unless ``stop`` is set first; then cancel it and return None."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+async def within(check: Awaitable[bool], timeout_s: float) -> bool:
+    """A health check that hangs is a failed one."""
+    try:
+        return await asyncio.wait_for(check, timeout_s)
+    except TimeoutError:
+        return False
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return
+
+
+def run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]],
+                        on_signal: Callable[[], None]) -> None:
+    """Run ``main()`` on a fresh loop, calling ``on_signal`` on SIGTERM and SIGINT."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await main()
+
+    asyncio.run(run())
+
+
+class BoundedTasks:
+    """Tasks run at most ``limit`` at a time: ``spawn`` waits for a free slot, which is how
+    slow writes push back on whoever spawns them."""
+
+    def __init__(self, limit: int,
+                 on_error: Callable[[BaseException], None] = lambda exc: None) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._on_error = on_error
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            work.close()  # never started
+            raise
+        task = asyncio.create_task(self._run(work))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # handed to the owner, never left for the GC to report
+            self._on_error(exc)
+        finally:
+            self._slots.release()
+
+    async def drain(self) -> None:
+        """Wait for every task, those spawned meanwhile included; errors are theirs."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)

@@ -1,0 +1,52 @@
+"""The worker's fleet-facing side loops as middleware: the heartbeat (vitals, models
+re-registered, lane losses recorded) and the retry pump (due retries re-enqueued)."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from batchfleet.connectors import control_plane_for
+from batchfleet.workers.heartbeat import Heartbeat
+from batchfleet.workers.middleware.base import Middleware
+from batchfleet.workers.retry import RetryPump
+
+if TYPE_CHECKING:
+    from batchfleet.workers.worker import Worker
+
+
+class HeartbeatLoop(Middleware):
+    def __init__(self) -> None:
+        self._heartbeat: Heartbeat | None = None
+
+    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+        store = worker.store
+        # Each beat also re-registers the models and records the lanes the consumer had to
+        # recreate after Redis lost its data (only the Redis Streams consumer notes those).
+        self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, worker.settings.worker_id,
+                                    worker.vitals, store=store, served=worker.served,
+                                    lane_losses=getattr(worker.consumer, "lane_losses", None))
+
+    def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._heartbeat.run()] if self._heartbeat is not None else []
+
+    async def on_stop(self, worker: Worker) -> None:
+        if self._heartbeat is not None:
+            await self._heartbeat.forget()
+
+
+class RetryPumpLoop(Middleware):
+    """Any worker moves any model's due retries back onto their lanes; it stops pumping
+    once the worker is stopping."""
+
+    def __init__(self) -> None:
+        self._worker: Worker | None = None
+
+    async def on_start(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
+        assert self._worker is not None
+        w = self._worker
+        pump = RetryPump(control_plane_for(w.store).retry_schedule, w.publisher)
+        return [pump.run(w.stopping)]

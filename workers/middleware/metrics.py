@@ -1,0 +1,90 @@
+"""Prometheus metrics (``workers.metrics.WorkerMetrics``) as middleware, with the sampler
+that refreshes the gauges needing a look outside: backlog, DLQ sizes, breakers, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import torch
+
+from batchfleet.connectors import control_plane_for
+from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.names import LANES
+from batchfleet.workers.completion import Completed
+from batchfleet.workers.guards import Guards
+from batchfleet.workers.metrics import WorkerMetrics
+from batchfleet.workers.middleware.base import Batch, Middleware
+from batchfleet.workers.models.runtimes import runtime_info
+from batchfleet.workers.runner import BatchRun
+
+if TYPE_CHECKING:
+    from batchfleet.workers.worker import Worker
+
+log = structlog.get_logger("batchfleet.worker")
+
+
+class Metrics(Middleware):
+    def __init__(self, metrics: WorkerMetrics, guards: Guards | None,
+                 sample_every_s: float) -> None:
+        self.metrics = metrics
+        self._guards = guards
+        self._every_s = sample_every_s
+        self._worker: Worker | None = None
+
+    async def on_start(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+        for model, seconds in warmup_s.items():
+            self.metrics.model_load.labels(model).set(seconds)
+            self.metrics.up.labels(model).set(1)
+        for model, info in runtime_info(worker.handlers).items():  # docs/runtimes.md
+            for stat in ("max_abs", "mean_abs", "relative"):
+                if info.get("accuracy"):
+                    self.metrics.model_accuracy.labels(model, stat).set(info["accuracy"][stat])
+
+    async def on_stop(self, worker: Worker) -> None:
+        for model in worker.handlers:
+            self.metrics.up.labels(model).set(0)
+
+    def on_paused(self, models: frozenset[str]) -> None:
+        self.metrics.on_lanes_paused(models)
+
+    async def after_compute(self, batch: Batch, run: BatchRun) -> None:
+        self.metrics.on_batch(batch.key.model, LANES[batch.key.lane_rank], len(batch.jobs),
+                              run.compute_s)
+
+    def after_complete(self, done: Completed) -> None:
+        self.metrics.on_completed(done, time.time())
+
+    def vitals(self) -> dict[str, Any]:
+        return {"lane_pauses": self.metrics.lane_pause_counts(),
+                "throughput_rps": round(self.metrics.throughput_rps, 1),
+                "lanes": self.metrics.lanes,
+                "runtimes": runtime_info(self._worker.handlers) if self._worker else {}}
+
+    def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._sample_loop()]
+
+    async def _sample_loop(self) -> None:
+        assert self._worker is not None
+        worker, guards = self._worker, self._guards
+        dlq = control_plane_for(worker.store).dead_letters
+        while True:
+            try:
+                backlog = await worker.consumer.backlog()
+                sizes = {m: await dlq.size(m) for m in worker.handlers}
+                breakers = (guards.model, guards.store) if guards is not None else ()
+                self.metrics.sample(backlog, sizes, breakers, worker.in_flight(),
+                                    dict(guards.model.items()) if guards is not None else {})
+                device = worker.compute.device
+                if device.type == "cuda":
+                    self.metrics.device_memory.labels(str(device)).set(
+                        torch.cuda.memory_allocated(device))
+            except BatchfleetError as exc:
+                log.info("metrics sample skipped", error=str(exc))
+            await asyncio.sleep(self._every_s)

@@ -1,0 +1,222 @@
+"""Shadow runs: the policy's shadow version sees copies of live stable batches.
+
+A stable batch's inputs and outputs are kept from ``after_compute`` until its results
+are written and acked (``after_complete``); only then does the shadow version run on
+the copy, in the compute thread, so it can never hold a stable result back. It is
+skipped, and counted as skipped, whenever stable work is backed up: a full batch
+waiting in the batcher, the pending writes at their cap, or a shadow run still going
+(one at a time, so at most one shadow forward ever sits ahead of a stable batch).
+Shadow outputs go nowhere but the comparison: never a result, never an answer.
+
+Every stable request of a model whose policy names a shadow is counted exactly once:
+compared, skipped or error. The comparisons (``connectors.rollout_stats``) are
+flushed every ``every_s`` for ``rollout report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from batchfleet.connectors.rollout_stats import (
+    ComparisonDelta,
+    RedisRolloutStats,
+    compare_outputs,
+    rollout_stats_for,
+)
+from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.tensors import Tensors
+from batchfleet.workers.completion import Completed
+from batchfleet.workers.metrics import WorkerMetrics
+from batchfleet.workers.middleware.base import Batch, Middleware
+from batchfleet.workers.middleware.rollout_stats import (
+    PolicyCache,
+    VersionStats,
+    batch_label,
+    worker_versions,
+)
+from batchfleet.workers.models import ModelHandler
+from batchfleet.workers.runner import BatchRun, bisect_run
+
+if TYPE_CHECKING:
+    from batchfleet.workers.worker import Worker
+
+log = structlog.get_logger("batchfleet.worker")
+
+#: Stable requests kept for a shadow run at most (their completion was lost when the
+#: grace period ran out); past it the oldest batch is counted skipped.
+MAX_WAITING = 65536
+#: Unflushed comparisons kept while the store refuses them (newest kept).
+MAX_UNFLUSHED = 64
+
+
+@dataclass(slots=True)
+class Copy:
+    """A stable batch's inputs and outputs, waiting for its results to be written."""
+
+    model: str
+    stable: str
+    shadow: str
+    epoch: int
+    request_ids: list[str]
+    inputs: list[Tensors]
+    outputs: list[Tensors]
+    stable_ms: float
+
+
+def run_shadow(handler: ModelHandler, inputs: Sequence[Tensors]
+               ) -> tuple[list[Tensors | BaseException], float]:
+    """The shadow forward (compute thread): per-request outputs or errors, and its ms."""
+    def forward(part: Sequence[Tensors]) -> list[Tensors]:
+        return handler.postprocess(handler.predict(handler.preprocess(part)), len(part))
+
+    start = time.perf_counter()
+    outputs = bisect_run(forward, inputs)
+    return outputs, (time.perf_counter() - start) * 1000.0
+
+
+class Shadow(Middleware):
+    def __init__(self, metrics: WorkerMetrics, policies: PolicyCache, versions: VersionStats,
+                 every_s: float = 2.0) -> None:
+        self._metrics = metrics
+        self._policies = policies
+        self._versions = versions
+        self._every_s = every_s
+        self._worker: Worker | None = None
+        self._stats: RedisRolloutStats | None = None
+        self._waiting: dict[str, Copy] = {}  # request ID -> its batch's copy
+        self._running: asyncio.Task[None] | None = None
+        #: model -> (epoch, comparisons since the last flush); older epochs wait in _old.
+        self._deltas: dict[str, tuple[int, ComparisonDelta]] = {}
+        self._old: list[tuple[str, int, ComparisonDelta]] = []
+
+    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+        self._worker = worker
+        self._stats = rollout_stats_for(worker.store)
+
+    async def after_compute(self, batch: Batch, run: BatchRun) -> None:
+        model, label = batch.key.model, batch_label(batch)
+        policy = self._policies.get(model)
+        if policy is None or policy.shadow is None or label != policy.stable:
+            return
+        ok = [(j, o) for j, o in zip(batch.jobs, run.outputs, strict=True)
+              if not isinstance(o, BaseException)]
+        if not ok:
+            return
+        copy = Copy(model, label, policy.shadow, policy.epoch,
+                    [j.request.request_id for j, _ in ok], [j.request.inputs for j, _ in ok],
+                    [o for _, o in ok], run.compute_s * 1000.0)
+        for rid in copy.request_ids:
+            self._waiting[rid] = copy
+        while len(self._waiting) > MAX_WAITING:  # completions lost (grace over): bound it
+            self._skip(self._waiting[next(iter(self._waiting))])
+
+    def after_complete(self, done: Completed) -> None:
+        copies = {id(c): c for a in done.answers
+                  if (c := self._waiting.get(a.result.request_id)) is not None}
+        for copy in copies.values():
+            for rid in copy.request_ids:
+                self._waiting.pop(rid, None)
+            if self._running is not None or self._backed_up():
+                self._skip(copy)
+            else:
+                self._running = asyncio.get_running_loop().create_task(self._run(copy))
+
+    def _backed_up(self) -> bool:
+        """A full batch waits for compute, or the writes are at their cap."""
+        w = self._worker
+        if w is None:
+            return True
+        buffered = sum(w.in_flight().values()) - w.compute.computing[1]
+        writes = len(w._completions.tasks)  # the cap that pushes back on compute
+        return (buffered >= w.settings.max_batch_size
+                or writes >= w.settings.max_pending_writes)
+
+    def _delta(self, copy: Copy) -> ComparisonDelta:
+        held = self._deltas.get(copy.model)
+        if held is None or held[0] != copy.epoch:
+            if held is not None:
+                self._old.append((copy.model, *held))
+            held = self._deltas[copy.model] = (copy.epoch, ComparisonDelta(copy.stable,
+                                                                           copy.shadow))
+        return held[1]
+
+    def _skip(self, copy: Copy) -> None:
+        for rid in copy.request_ids:
+            self._waiting.pop(rid, None)
+        self._delta(copy).skipped += len(copy.request_ids)
+        self._metrics.shadow_requests.labels(copy.model, "skipped").inc(len(copy.request_ids))
+
+    async def _run(self, copy: Copy) -> None:
+        try:
+            await self._compare(copy)
+        except RuntimeError as exc:  # the compute thread was shut down (stopping)
+            log.info("shadow run skipped", model=copy.model, error=str(exc))
+            self._skip(copy)
+        finally:
+            self._running = None
+
+    async def _compare(self, copy: Copy) -> None:
+        assert self._worker is not None
+        handler = worker_versions(self._worker).get(copy.model, {}).get(copy.shadow)
+        if handler is None:  # the shadow lives on another pool: nothing to run it on here
+            self._skip(copy)
+            return
+        executor = self._worker.compute._executor  # one compute thread: shadow queues there
+        outputs, shadow_ms = await asyncio.get_running_loop().run_in_executor(
+            executor, run_shadow, handler, copy.inputs)
+        delta, m = self._delta(copy), self._metrics
+        errors = 0
+        for stable, shadow in zip(copy.outputs, outputs, strict=True):
+            diff = None if isinstance(shadow, BaseException) else compare_outputs(stable, shadow)
+            if diff is None:
+                errors += 1
+                continue
+            delta.add(diff)
+            m.shadow_diff.labels(copy.model).observe(diff.max_abs)
+        delta.errors += errors
+        delta.add_latency("stable", copy.stable_ms)
+        delta.add_latency("shadow", shadow_ms)
+        n = len(copy.request_ids)
+        if n - errors:
+            m.shadow_requests.labels(copy.model, "compared").inc(n - errors)
+        if errors:
+            m.shadow_requests.labels(copy.model, "error").inc(errors)
+        self._versions.record(copy.model, copy.shadow, "shadow", n, errors, shadow_ms / 1000.0)
+
+    def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._loop()] if self._worker is not None else []
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._every_s)
+            await self.flush()
+
+    async def on_stop(self, worker: Worker) -> None:
+        if self._running is not None:  # a shadow run is bounded by one forward
+            await asyncio.wait({self._running}, timeout=worker.settings.grace_s)
+        for copy in {id(c): c for c in self._waiting.values()}.values():
+            self._skip(copy)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write the comparisons held; a failed write keeps them for the next flush."""
+        if self._stats is None:
+            return
+        todo = [*self._old, *((m, e, d) for m, (e, d) in self._deltas.items())]
+        self._old, self._deltas = [], {}
+        for model, epoch, delta in todo:
+            if delta.empty:
+                continue
+            try:
+                await self._stats.flush_comparisons(model, epoch, delta)
+            except BatchfleetError as exc:
+                log.info("shadow comparisons not flushed; kept for the next flush",
+                         model=model, error=str(exc))
+                self._old.append((model, epoch, delta))
+        del self._old[:-MAX_UNFLUSHED]
