@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from batchfleet.connectors.announcements import Announced
 from batchfleet.connectors.dead_letters import DeadLetter, Lettered, Undecodable
 from batchfleet.connectors.model_registry import ModelRegistry
 from batchfleet.connectors.redis_pressure import RedisPressure
@@ -57,7 +58,7 @@ class Results(Protocol):
 
 
 class Subscription(Protocol):
-    async def next(self, timeout_s: float) -> list[str]: ...
+    async def next(self, timeout_s: float) -> list[Announced]: ...
     async def close(self) -> None: ...
 
 

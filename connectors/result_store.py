@@ -3,8 +3,10 @@
 Each record is a hash ``{status, gen, body}`` where ``body`` is the encoded
 result envelope. Writes go through Lua so that "write only if not yet
 terminal" is atomic, and a whole batch is one round trip. A terminal write
-also publishes the finished IDs, grouped per client channel, so waiting
-clients wake up without polling: one PUBLISH per client per batch.
+also publishes the finished results themselves, IDs and bodies, grouped per
+client channel: a waiting client has its answer in one hop, without reading it
+back. One PUBLISH per client per batch, sent only for writes that won, after
+they are stored: the write is the commit point, the message only a delivery.
 
 ``gen`` is the request's generation: a DLQ replay raises it and resets the
 record to ``pending``; a write from an older generation never lands.
@@ -61,8 +63,22 @@ return out
 """
 
 #: ARGV[3] is the in-flight key prefix: a won write frees the owner's quota slot
-#: (connectors/quotas.py), so workers need not know about quotas.
+#: (connectors/quotas.py), so workers need not know about quotas. Each client channel
+#: gets one message: a msgpack array alternating request ID and result body
+#: (docs/wire-format.md, "Result announcements").
 _WRITE_TERMINAL = """
+-- msgpack headers by hand: cmsgpack would send bodies as str, not bin
+local function u16(n) return string.char(math.floor(n / 256), n % 256) end
+local function u32(n) return string.char(math.floor(n / 16777216), math.floor(n / 65536) % 256,
+                                         math.floor(n / 256) % 256, n % 256) end
+local function str_h(n) if n < 32 then return string.char(0xa0 + n) end
+  return string.char(0xd9, n) end  -- request IDs are at most 128 bytes
+local function bin_h(n) if n < 256 then return string.char(0xc4, n) end
+  if n < 65536 then return string.char(0xc5) .. u16(n) end
+  return string.char(0xc6) .. u32(n) end
+local function array_h(n) if n < 16 then return string.char(0x90 + n) end
+  if n < 65536 then return string.char(0xdc) .. u16(n) end
+  return string.char(0xdd) .. u32(n) end
 local ttl = tonumber(ARGV[1])
 local meta = cmsgpack.unpack(ARGV[2])
 local inflight = ARGV[3]
@@ -79,16 +95,18 @@ for i, key in ipairs(KEYS) do
     if cur[3] then redis.call('ZREM', inflight .. cur[3], rid) end
     out[i] = 1
     if channel ~= '' then
-      local ids = channels[channel]
-      if not ids then ids = {}; channels[channel] = ids end
-      ids[#ids + 1] = rid
+      local parts = channels[channel]
+      if not parts then parts = {}; channels[channel] = parts end
+      parts[#parts + 1] = str_h(#rid) .. rid
+      parts[#parts + 1] = bin_h(#body)
+      parts[#parts + 1] = body
     end
   else
     out[i] = 0
   end
 end
-for channel, ids in pairs(channels) do
-  redis.call('PUBLISH', channel, table.concat(ids, ','))
+for channel, parts in pairs(channels) do
+  redis.call('PUBLISH', channel, array_h(#parts / 3 * 2) .. table.concat(parts))
 end
 return out
 """

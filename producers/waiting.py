@@ -1,19 +1,19 @@
 """Waiting for results without spinning: one pub/sub subscription per client.
 
-Workers publish finished request IDs on the submitting client's own channel,
-one message per client per batch. The listener fetches the bodies of the IDs
-it is waiting for in one read. Pub/sub is at-most-once (a reconnect
-can lose a message) and requests submitted by *another* client are announced
-on that client's channel, so a slow safety poll (``poll_interval_s``, one
-read of the outstanding IDs) covers both cases.
+Workers publish finished results, IDs with their bodies, on the submitting
+client's own channel, one message per client per batch: a wait ends in one hop,
+with no read-back. Pub/sub is at-most-once (a reconnect can lose a message) and
+requests submitted by *another* client are announced on that client's channel,
+so a slow safety poll (``poll_interval_s``, one read of the outstanding IDs)
+covers both cases; after a reconnect every outstanding wait is read once.
 
 The waiter also remembers the IDs its own client has just submitted as new
 (:meth:`expect`): their results will be announced here, so waiting on them
-needs no first read, and an announcement that arrives before anyone waits is
-noted rather than lost. That memory is bounded; what falls out of it is read
-as any other ID would be. The safety poll reads such waits only every tenth
-interval (all of them again after a reconnect), and reads bodies only of
-results that are terminal.
+needs no first read, and a result announced before anyone waits is kept
+(its body) rather than lost. That memory is bounded by count and by bytes;
+what falls out of it is read as any other ID would be. The safety poll reads
+such waits only every tenth interval (all of them again after a reconnect), and
+reads bodies only of results that are terminal.
 
 Waits that can never end are ended (``RequestLostError``): the safety poll
 also notices an ID whose record is gone (Redis lost its data, or the ID never
@@ -37,8 +37,13 @@ import structlog
 from batchfleet.connectors import control_plane_for
 from batchfleet.connectors.control_plane import Announcements, Subscription
 from batchfleet.connectors.result_store import ResultStore
-from batchfleet.schemas.envelopes import Result, decode_result
-from batchfleet.schemas.errors import RequestLostError, ResultStoreError, WaitTimeoutError
+from batchfleet.schemas.envelopes import Result, decode_result, peek_header
+from batchfleet.schemas.errors import (
+    BatchfleetError,
+    RequestLostError,
+    ResultStoreError,
+    WaitTimeoutError,
+)
 from batchfleet.schemas.names import Names
 
 log = structlog.get_logger("batchfleet.client")
@@ -46,6 +51,8 @@ log = structlog.get_logger("batchfleet.client")
 _READ_CHUNK = 2000
 #: How many submitted-but-not-yet-awaited IDs the waiter remembers (about 100 bytes each).
 _EXPECTED_CAP = 100_000
+#: How many bytes of announced-but-not-yet-awaited result bodies it keeps.
+_ARRIVED_BYTES_CAP = 64 * 1024 * 1024
 #: Waits whose announcement is due here are polled only every this many poll intervals.
 _QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
@@ -71,8 +78,12 @@ class ResultWaiter:
         self._lane_losses: dict[str, int] = {}
         self._poll_interval_s = poll_interval_s
         self._waiters: dict[str, list[asyncio.Future[Result]]] = {}
-        #: Submitted here and announced here; True once the announcement came.
-        self._expected: dict[str, bool] = {}
+        #: Submitted here and announced here: None until the announcement came, then the
+        #: result's body (so a later wait needs no read).
+        self._expected: dict[str, bytes | None] = {}
+        self._arrived_bytes = 0
+        #: IDs read back from the store (not announced): the one-hop path keeps this low.
+        self.body_reads = 0
         #: Waits on IDs submitted here: the safety poll can leave them be for a while.
         self._quiet: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -111,26 +122,63 @@ class ResultWaiter:
             if rid in waiters:  # already awaited (registered before it was submitted)
                 self._quiet.add(rid)
             else:
-                expected[rid] = False
-        while len(expected) > _EXPECTED_CAP:
-            del expected[next(iter(expected))]
+                expected[rid] = None
+        self._trim()
 
-    def _needs_read(self, request_ids: Sequence[str]) -> list[str]:
-        """The IDs whose result may already be stored: all but the expected, unannounced ones
-        (which become quiet waits)."""
+    def _keep(self, request_id: str, body: bytes) -> None:
+        """Hold an announced result until someone waits on it (bounded, oldest out)."""
+        self._expected[request_id] = body
+        self._arrived_bytes += len(body)
+        self._trim()
+
+    def _trim(self) -> None:
+        expected = self._expected
+        while len(expected) > _EXPECTED_CAP or self._arrived_bytes > _ARRIVED_BYTES_CAP:
+            body = expected.pop(next(iter(expected)))
+            if body is not None:
+                self._arrived_bytes -= len(body)
+
+    def _forget_expected(self) -> None:
+        self._expected.clear()
+        self._arrived_bytes = 0
+
+    def _take_expected(self, request_ids: Sequence[str]) -> tuple[list[str], list[Result]]:
+        """Split waits into IDs whose result may already be stored (to read) and results
+        already announced here; expected, unannounced ones become quiet waits."""
         expected, quiet = self._expected, self._quiet
-        out = []
+        to_read: list[str] = []
+        arrived: list[bytes] = []
         for rid in request_ids:
-            if expected.pop(rid, True):
-                out.append(rid)
-            else:
+            if rid not in expected:
+                to_read.append(rid)
+                continue
+            body = expected.pop(rid)
+            if body is None:
                 quiet.add(rid)
+            else:
+                self._arrived_bytes -= len(body)
+                arrived.append(body)
+        return to_read, self._decode(arrived, to_read)
+
+    def _decode(self, bodies: Sequence[bytes], unreadable: list[str]) -> list[Result]:
+        """Decode announced bodies; one that does not decode is read back instead."""
+        out = []
+        for body in bodies:
+            try:
+                out.append(decode_result(body))
+            except BatchfleetError as exc:
+                log.warning("an announced result did not decode; reading it back",
+                            error=str(exc))
+                rid = _peek_id(body)
+                if rid is not None:
+                    unreadable.append(rid)
         return out
 
     async def fetch(self, request_ids: Sequence[str], terminal_only: bool = False
                     ) -> list[Result | None]:
         """Current results; with ``terminal_only``, None for pending ones (not even read)."""
         out: list[Result | None] = []
+        self.body_reads += len(request_ids)
         for start in range(0, len(request_ids), _READ_CHUNK):
             bodies = await self._store.get_bodies(request_ids[start:start + _READ_CHUNK],
                                                   terminal_only)
@@ -220,8 +268,11 @@ class ResultWaiter:
         for fut in futures:
             fut.add_done_callback(arrived.put_nowait)
         try:
+            to_read, announced = self._take_expected(request_ids)
+            self._resolve(announced)
             try:
-                self._resolve(await self.fetch(self._needs_read(request_ids), True))
+                if to_read:
+                    self._resolve(await self.fetch(to_read, True))
             except ResultStoreError as exc:
                 # the store is restarting, say: the listener's poll picks these up once it is back
                 log.warning("first read of results failed; waiting on the poll", error=str(exc))
@@ -267,16 +318,21 @@ class ResultWaiter:
     async def _listen(self) -> None:
         """Resolve waiters from announcements, with a slow poll as the safety net."""
         backoff = 0.1
+        reconnect = False
         while True:
             subscription: Subscription | None = None
             try:
                 subscription = await self._announcements.subscribe(self._client_id)
                 self._subscribed.set()
                 backoff = 0.1
+                if reconnect:  # what was announced while away is lost: read every wait now
+                    due = list(self._waiters)
+                    self._resolve(await self.fetch(due, True))
+                reconnect = True
                 await self._pump(subscription)
             except ResultStoreError as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
-                self._expected.clear()  # announcements may be lost meanwhile: read those
+                self._forget_expected()  # announcements may be lost meanwhile: read those
                 self._quiet.clear()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -291,14 +347,16 @@ class ResultWaiter:
         while True:
             announced = await subscription.next(self._poll_interval_s)
             if announced:
-                ids = []
-                for rid in announced:
+                bodies: list[bytes] = []
+                unreadable: list[str] = []
+                for rid, body in announced:
                     if rid in self._waiters:
-                        ids.append(rid)
+                        bodies.append(body)
                     elif rid in self._expected:
-                        self._expected[rid] = True  # done before anyone waited: read it then
-                if ids:
-                    self._resolve(await self.fetch(ids, True))
+                        self._keep(rid, body)  # done before anyone waited: keep it for then
+                self._resolve(self._decode(bodies, unreadable))
+                if unreadable:
+                    self._resolve(await self.fetch(unreadable, True))
             if loop.time() >= next_poll:
                 next_poll = loop.time() + self._poll_interval_s
                 polls += 1
@@ -319,6 +377,12 @@ class ResultWaiter:
                     self._resolve(results)
                     await self._check_lost(
                         [rid for rid, r in zip(due, results, strict=True) if r is None])
+
+
+def _peek_id(body: bytes) -> str | None:
+    """The request ID of a body that does not decode as a result, if it has one."""
+    rid = peek_header(body).get("id")
+    return rid if isinstance(rid, str) else None
 
 
 def lost_in_lane(info: tuple[str, float], losses: dict[str, int]) -> bool:

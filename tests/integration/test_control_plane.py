@@ -59,11 +59,11 @@ async def test_announcements_reach_the_subscriber(redis_url: str) -> None:
         await store.put_pending([("a", b"p"), ("b", b"p")])
         await store.write_terminal([TerminalWrite("a", "succeeded", b"x", "me"),
                                     TerminalWrite("b", "succeeded", b"y", "me")])
-        got: list[str] = []
+        got: list[tuple[str, bytes]] = []
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
-            got = await subscription.next(0.5)
-        assert sorted(got) == ["a", "b"]
+            got = list(await subscription.next(0.5))
+        assert sorted(got) == [("a", b"x"), ("b", b"y")]
     finally:
         await subscription.close()
         await plane.close()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from batchfleet.connectors import SubmitState, TerminalWrite, open_result_store
+from batchfleet.connectors.announcements import parse_announcement
 from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
 from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
 from batchfleet.schemas.envelopes import Request, encode_request
@@ -58,7 +59,9 @@ async def test_older_generation_cannot_overwrite_a_replayed_request(redis_url: s
         await store.close()
 
 
-async def test_terminal_writes_announce_ids_once_per_client_channel(redis_url: str) -> None:
+async def test_terminal_writes_announce_results_once_per_client_channel(redis_url: str
+                                                                        ) -> None:
+    """One message per client channel carries that client's (ID, body) pairs: one hop."""
     store = open_result_store(redis_url, NAMES)
     pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
     try:
@@ -69,16 +72,44 @@ async def test_terminal_writes_announce_ids_once_per_client_channel(redis_url: s
             TerminalWrite("r3", "failed", b"3", "c1"),
             TerminalWrite("r4", "failed", b"4", None),
         ])
-        got: dict[str, set[str]] = {}
+        got: dict[str, set[tuple[str, bytes]]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5.0
         while len(got) < 2 and loop.time() < deadline:
             # None also means "a subscribe confirmation was skipped", so loop on time
             msg = await pubsub.get_message(timeout=0.5)
             if msg is not None:
-                got[msg["channel"].decode()] = set(msg["data"].decode().split(","))
-        assert got == {NAMES.notify_channel("c1"): {"r1", "r3"},
-                       NAMES.notify_channel("c2"): {"r2"}}
+                got[msg["channel"].decode()] = set(parse_announcement(msg["data"]))
+        assert got == {NAMES.notify_channel("c1"): {("r1", b"1"), ("r3", b"3")},
+                       NAMES.notify_channel("c2"): {("r2", b"2")}}
+        # a write that loses (already terminal) announces nothing
+        await store.write_terminal([TerminalWrite("r1", "succeeded", b"again", "c1")])
+        assert await pubsub.get_message(timeout=0.5) is None
+    finally:
+        await pubsub.aclose()
+        await store.close()
+
+
+async def test_announcements_frame_every_size_of_batch_and_body(redis_url: str) -> None:
+    """Every msgpack header the script writes by hand: bodies of 0, 255, 256 and 65,536
+    bytes (bin8/16/32), IDs of 31, 32 and 128 bytes (fixstr/str8), and arrays of 2 and
+    78 elements (fixarray/array16)."""
+    store = open_result_store(redis_url, NAMES)
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    bodies = [b"", b"a" * 255, b"b" * 256, b"c" * 65_536, bytes(range(256)) * 3]
+    ids = ["x" * 31, "y" * 32, "z" * 128, "w", "v-4"] + [f"many-{i}" for i in range(35)]
+    writes = [TerminalWrite(rid, "succeeded", bodies[i % len(bodies)], "big")
+              for i, rid in enumerate(ids)]
+    try:
+        await pubsub.subscribe(NAMES.notify_channel("big"))
+        await pubsub.get_message(timeout=1.0)
+        for batch in (writes[:1], writes[1:]):
+            await store.write_terminal(batch)
+            msg = None
+            for _ in range(20):
+                msg = msg or await pubsub.get_message(timeout=0.5)
+            assert msg is not None
+            assert parse_announcement(msg["data"]) == [(w.request_id, w.body) for w in batch]
     finally:
         await pubsub.aclose()
         await store.close()

@@ -40,6 +40,33 @@ async def test_expected_ids_resolve_from_announcements_alone(redis_url: str) -> 
         assert [(r.request_id, r.status) for r in results] == [
             ("early", "succeeded"), ("late", "succeeded")]
         assert not waiter._expected  # taken by the wait, nothing left behind
+        assert waiter.body_reads == 0  # one hop: the bodies came with the announcements
+    finally:
+        await waiter.close()
+        await store.close()
+
+
+async def test_results_announced_while_the_subscription_is_down_are_read_on_reconnect(
+        redis_url: str) -> None:
+    """Pub/sub is at-most-once: a reconnect reads every outstanding wait at once, so
+    nothing announced into the gap is missed, and nothing waits for the slow poll."""
+    store = open_result_store(redis_url, NAMES)
+    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    try:
+        await waiter.start()
+        ids = ["gap-1", "gap-2", "after"]
+        await store.put_pending([(rid, b"p") for rid in ids])
+        waiter.expect(ids)
+        waiting = asyncio.create_task(waiter.wait_many(ids, timeout=15))
+        await asyncio.sleep(0.1)
+        assert await store.redis.client_kill_filter(_type="pubsub") >= 1
+        # the server dropped the subscriber: these announcements reach no one
+        await store.write_terminal([_done("gap-1"), _done("gap-2")])
+        await asyncio.sleep(0.5)  # reconnected by now (backoff 0.1 s)
+        await store.write_terminal([_done("after")])
+        results = await waiting
+        assert [r.request_id for r in results] == ids
+        assert all(r.status == "succeeded" for r in results)
     finally:
         await waiter.close()
         await store.close()
@@ -54,6 +81,7 @@ async def test_unexpected_ids_are_read_first(redis_url: str) -> None:
         await store.write_terminal([TerminalWrite(write.request_id, write.status, write.body)])
         (result,) = await waiter.wait_many(["theirs"], timeout=5)
         assert result.status == "succeeded"
+        assert waiter.body_reads == 1
     finally:
         await waiter.close()
         await store.close()
