@@ -6,11 +6,14 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from batchfleet.options import JsonOpt, fail
+
+if TYPE_CHECKING:
+    from batchfleet.bench.plan import BenchPlan
 
 
 def bench(
@@ -42,6 +45,22 @@ def bench(
     flood_rps: Annotated[float | None, typer.Option(
         help="Bad demo-encoder requests per second in the --flood scenario (default 40).")
     ] = None,
+    producers: Annotated[int | None, typer.Option(
+        "--producers", help="Separate load-generating producer processes per scenario (and "
+                            "for the broker-only loop). Default: 2.")] = None,
+    broker_loop: Annotated[bool, typer.Option(
+        "--broker-loop/--no-broker-loop",
+        help="Run the broker-only loop baseline (XADD / XREADGROUP / XACK+XDEL on "
+             "request-sized payloads, no decode, no model; aiokafka on Kafka).")] = True,
+    slo: Annotated[bool, typer.Option(
+        "--slo/--no-slo", help="Add the sweep's SLO row (worker with --latency-slo-ms 20, "
+                               "open loop at 10-80% of saturation); needs --sweep.")] = True,
+    cache: Annotated[bool, typer.Option(
+        "--cache", help="Add the cache bulk row: 20,000 demo-encoder rows, half repeats, "
+                        "--cache-ttl-s on vs off (skipped when the worker lacks it).")
+    ] = False,
+    cache_rows: Annotated[int | None, typer.Option(
+        help="Rows in the --cache bulk job (default 20,000).")] = None,
     profile: Annotated[bool, typer.Option(
         "--profile", help="Extra passes under py-spy (worker and client); ranked hot spots.")
     ] = False,
@@ -83,11 +102,13 @@ def bench(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Benchmark the fleet end to end against the model alone and naive RQ, in one run.
+    """Benchmark the fleet end to end against the model alone, naive RQ and the
+    broker-only loop, in one run.
 
-    Starts its own Redis (and Kafka-compatible broker), real worker processes and
-    RQ workers on free loopback ports; writes bench.json and bench.md to --out and
-    prints the tables. docs/performance.md explains the method.
+    Starts its own Redis (and Kafka-compatible broker), real worker processes,
+    producer processes that generate the load, and RQ workers on free loopback
+    ports; writes bench.json and bench.md to --out and prints the tables.
+    docs/performance.md explains the method.
 
     Examples:
 
@@ -98,6 +119,10 @@ def bench(
         batchfleet bench --quick -m demo-mlp -t redis --no-rq
 
         batchfleet bench --quick --flood
+
+        batchfleet bench --quick --producers 3 --no-broker-loop
+
+        batchfleet bench --sweep --cache
 
         batchfleet bench --no-sweep --seconds 20 --out /tmp/bench
 
@@ -150,13 +175,11 @@ def bench(
         plan = replace(plan, flood=flood_plan)
     if sweep is not None:
         plan = replace(plan, sweep=full_plan(out).sweep if sweep else None)
+    plan = _load_and_rows(plan, producers, broker_loop, slo, cache, cache_rows, seconds)
     if plan.sweep is not None and (sweep_batch or sweep_wait):
         plan = replace(plan, sweep=replace(
             plan.sweep, batch_sizes=tuple(sweep_batch or plan.sweep.batch_sizes),
             waits_ms=tuple(sweep_wait or plan.sweep.waits_ms)))
-    if seconds is not None:
-        plan = replace(plan, closed_s=seconds, open_s=seconds, sweep_closed_s=seconds,
-                       sweep_open_s=seconds, ceiling_s=min(plan.ceiling_s, seconds))
     if not rq or "demo-mlp" not in {m.model for m in plan.models}:
         plan = replace(plan, rq_classes=())
     else:
@@ -169,6 +192,25 @@ def bench(
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
     typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
+
+
+def _load_and_rows(plan: BenchPlan, producers: int | None, broker_loop: bool, slo: bool,
+                   cache: bool, cache_rows: int | None, seconds: float | None) -> BenchPlan:
+    """Apply --producers, --no-broker-loop, --no-slo, --cache/--cache-rows and --seconds."""
+    from batchfleet.bench.plan import CachePlan
+
+    if seconds is not None:
+        plan = replace(plan, closed_s=seconds, open_s=seconds, sweep_closed_s=seconds,
+                       sweep_open_s=seconds, ceiling_s=min(plan.ceiling_s, seconds))
+    if plan.sweep is not None and not slo:
+        plan = replace(plan, sweep=replace(plan.sweep, slo=None))
+    if producers is not None:
+        plan = replace(plan, producers=producers)
+    if not broker_loop:
+        plan = replace(plan, broker_loop=False)
+    if cache or cache_rows is not None:
+        plan = replace(plan, cache=CachePlan(rows=cache_rows or CachePlan().rows))
+    return plan
 
 
 def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: str | None,

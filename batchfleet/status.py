@@ -66,11 +66,13 @@ def _table(title: str | None, columns: Sequence[tuple[str, bool]], *, no_headers
 
 
 def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Table:
-    """One row per lane; ``wide`` adds the pending (delivered, unacked) count."""
+    """One row per lane; ``wide`` adds the pending (delivered, unacked) count and how many
+    shard streams the row adds up (``--lane-shards``)."""
     table = _table(f"batchfleet · {snap.namespace} on {snap.broker} · "
                    f"{human_time(snap.taken_at)}",
                    [(col, col not in ("model", "lane", "breakers")) for col in (
-                       "model", "lane", "depth", *(("pending",) if wide else ()), "lag",
+                       "model", "lane", *(("shards",) if wide else ()), "depth",
+                       *(("pending",) if wide else ()), "lag",
                        "oldest", "req/s", "p99 ms", "drain", "breakers", "dlq", "workers")],
                    no_headers=no_headers,
                    caption=f"{len(snap.workers)} worker(s) · {snap.throughput_rps:,.1f} req/s "
@@ -81,7 +83,7 @@ def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = F
         first = lane.model != previous or no_headers  # scripts get every cell on every row
         previous = lane.model
         table.add_row(
-            lane.model if first else "", lane.lane,
+            lane.model if first else "", lane.lane, *((str(lane.shards),) if wide else ()),
             Text(_num(lane.depth), style="yellow" if lane.depth else ""),
             *((_num(lane.pending),) if wide else ()), _num(lane.lag),
             _age(lane.oldest_age_s),
@@ -93,21 +95,34 @@ def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = F
     return table
 
 
+def cache_cell(counters: Mapping[str, int]) -> str:
+    """The result cache's hit ratio (answered without compute, of the cache-enabled
+    requests) and the compute it saved; "—" when the worker caches nothing."""
+    hits = counters.get("cache_hits", 0) + counters.get("cache_coalesced", 0)
+    looked = hits + counters.get("cache_misses", 0)
+    if not looked:
+        return "—"
+    saved_s = counters.get("cache_saved_ms", 0) / 1000.0
+    return f"{hits / looked:.0%} · {_age(saved_s)} saved"
+
+
 def workers_table(snap: FleetSnapshot, *, wide: bool = False,
                   no_headers: bool = False) -> Table:
-    """One row per live worker, its full ID first; ``wide`` adds broker and uptime."""
-    right = ("buffered", "req/s", "ok", "failed", "dlq'd", "seen", "up")
+    """One row per live worker, its full ID first; ``wide`` adds broker and uptime; ``cache``
+    is the result cache's hit ratio and saved compute (docs/cache.md)."""
+    right = ("buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen", "up")
     table = _table("workers", [(col, col in right) for col in (
         "worker", "host", "device", *(("broker",) if wide else ()), "models", "breakers",
-        "buffered", "req/s", "ok", "failed", "dlq'd", "seen", *(("up",) if wide else ()))],
-        no_headers=no_headers)
+        "buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen",
+        *(("up",) if wide else ()))], no_headers=no_headers)
     for w in snap.workers:
         states = {name: {state: 1} for name, state in w.breakers.items()}
         table.add_row(w.worker_id, w.host, w.device, *((w.broker,) if wide else ()),
                       ", ".join(w.models), _breakers(states, 1),
                       str(w.buffered), f"{w.throughput_rps:,.1f}",
                       f"{w.counters['succeeded']:,}", f"{w.counters['failed']:,}",
-                      f"{w.counters['dead_lettered']:,}", _age(w.seen_s_ago),
+                      f"{w.counters['dead_lettered']:,}", cache_cell(w.counters),
+                      _age(w.seen_s_ago),
                       *((_age(w.up_s),) if wide else ()))
     return table
 

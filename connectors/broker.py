@@ -6,9 +6,11 @@ at the entry point and nothing above this layer branches on which one it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from batchfleet.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,10 @@ class OutboundMessage:
     payload: bytes
     #: The request's W3C trace context, sent as a Kafka header too (tracing on).
     traceparent: str | None = None
+    #: How many shard streams the model's lanes are split into (its registry record's
+    #: ``lane_shards``); Redis publishes to ``shard_for(key, shards)``, Kafka ignores it
+    #: (partitions already spread a topic). 1, the default, is shard 0: always consumed.
+    shards: int = 1
 
 
 @dataclass(slots=True)
@@ -85,3 +91,26 @@ class Consumer(Protocol):
     async def backlog(self) -> list[LaneBacklog]: ...
 
     async def close(self) -> None: ...
+
+
+class ShardSource(Protocol):
+    """Where a consumer learns how many shard streams each lane may hold work on (the
+    model registry, ``connectors.model_registry``)."""
+
+    async def consumed_shards(self, names: Sequence[str]) -> dict[str, int]: ...
+
+
+async def shard_lanes(consumer: Consumer, own: Mapping[str, int],
+                      source: ShardSource | None = None) -> None:
+    """Have a started consumer read every shard stream of its lanes: ``own`` (model ->
+    this worker's ``--lane-shards``) and whatever ``source`` says may still hold work,
+    re-read as it goes. A transport without shard streams (Kafka: a topic is already
+    split into partitions) takes only 1 and refuses more with a ConfigError."""
+    use = getattr(consumer, "use_shards", None)
+    if use is None:
+        sharded = sorted(m for m, k in own.items() if k > 1)
+        if sharded:
+            raise ConfigError(f"--lane-shards is for Redis Streams only ({', '.join(sharded)}): "
+                              "a Kafka lane scales by partitions (--kafka-partitions)")
+        return
+    await use(own, source)

@@ -14,6 +14,7 @@ one module with an ``open_*`` function plus one line in :data:`FACTORIES`.
 * :class:`RetrySchedule` — retries waiting for their backoff to pass.
 * :class:`Heartbeats` — live workers, found without scanning the keyspace.
 * :class:`Pressure` — store memory and eviction policy, for admission and readiness.
+* :class:`ResultCache` — computed outputs by content key, with a TTL (``connectors.result_cache``).
 
 * :class:`ModelRegistry` — one record per model: versions, declared, served, policy
   (its own module, ``connectors.model_registry``).
@@ -28,6 +29,7 @@ from batchfleet.connectors.announcements import Announced
 from batchfleet.connectors.dead_letters import DeadLetter, Lettered, Undecodable
 from batchfleet.connectors.model_registry import ModelRegistry
 from batchfleet.connectors.redis_pressure import RedisPressure
+from batchfleet.connectors.result_cache import CacheEntry
 from batchfleet.connectors.result_store import (
     DeliveryCount,
     Ownership,
@@ -114,6 +116,14 @@ class Heartbeats(Protocol):
     async def forget(self, worker_id: str) -> None: ...
 
 
+class ResultCache(Protocol):
+    """Computed outputs keyed by ``result_cache.cache_key`` digests: one round trip per
+    batch each way; a failure raises ``ResultStoreError`` (callers treat it as a miss)."""
+
+    async def get_many(self, digests: Sequence[str]) -> list[CacheEntry | None]: ...
+    async def put_many(self, entries: Sequence[tuple[str, CacheEntry]], ttl_s: int) -> None: ...
+
+
 class StoreResults(Results, DeliveryLedger, LaneLosses, Pressure, Protocol):
     """What one result record holds: the Redis store keeps the ledger and lane losses
     beside the results, so one implementation answers all four."""
@@ -137,6 +147,8 @@ class ControlPlane(Protocol):
     def heartbeats(self) -> Heartbeats: ...
     @property
     def models(self) -> ModelRegistry: ...
+    @property
+    def result_cache(self) -> ResultCache: ...
 
     async def close(self) -> None:
         """Close the connections the seams share (once, whatever number of seams)."""

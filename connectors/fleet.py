@@ -10,7 +10,10 @@ Where each number comes from:
 * **depth** of a lane: on Redis the length of its stream (workers ``XDEL`` what
   they finish, so the length is the backlog, in-flight entries included), its
   **oldest age** from the first entry's ID, and the group's **lag** (entries not
-  yet delivered) and **pending** entries from ``XINFO GROUPS``. On Kafka it is
+  yet delivered) and **pending** entries from ``XINFO GROUPS``. A sharded lane
+  (``--lane-shards``) adds up its shard streams (depth, lag, pending; the oldest age is
+  the oldest shard's), for every shard the registry says may hold work
+  (``max(lane_shards, lane_shards_max)``). On Kafka it is
   the sum of the lag each live worker reports for its own partitions, so it is
   unknown while no worker serves the lane (KEDA reads the group's lag itself);
 * **DLQ** sizes: ``XLEN`` of ``{prefix}:dlq:{model}``;
@@ -33,6 +36,7 @@ from typing import Any
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.heartbeats import RedisHeartbeats
+from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.connectors.urls import BrokerURL
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.heartbeat import COUNTERS, HeartbeatRecord, decode_heartbeat
@@ -50,6 +54,21 @@ class StreamStats:
     oldest_age_s: float | None
     lag: int | None
     pending: int | None
+    #: Shard streams added up (``--lane-shards``); 1 for an unsharded lane.
+    shards: int = 1
+
+
+def combine_shards(parts: Sequence[StreamStats]) -> StreamStats:
+    """One lane's stats from its shard streams': counts add up, the oldest age is the
+    oldest shard's; a count no shard knows stays unknown."""
+    def total(values: Iterable[int | None]) -> int | None:
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+    if len(parts) == 1:
+        return parts[0]
+    return StreamStats(total(p.depth for p in parts), _worst(p.oldest_age_s for p in parts),
+                       total(p.lag for p in parts), total(p.pending for p in parts),
+                       len(parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +107,8 @@ class LaneView:
     workers: int
     dlq: int
     breakers: dict[str, dict[str, int]]
+    #: Shard streams the lane's numbers add up (Redis ``--lane-shards``); 1 otherwise.
+    shards: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +201,7 @@ def summarize(broker: str, namespace: str, models: Iterable[str], workers: Seque
                 model=model, lane=lane, depth=depth, lag=lag, pending=pending,
                 oldest_age_s=oldest, p99_ms=_worst(s.get("p99_ms") for s in seen),
                 time_to_drain_s=drain, throughput_rps=round(rate, 2), workers=len(serving),
-                dlq=int(dlq.get(model, 0)), breakers=breakers))
+                dlq=int(dlq.get(model, 0)), breakers=breakers, shards=stats.shards))
     return FleetSnapshot(
         taken_at=time.time() if now is None else now, namespace=namespace, broker=broker,
         lanes=tuple(lanes), workers=tuple(sorted(workers, key=lambda w: w.worker_id)),
@@ -253,11 +274,14 @@ class FleetReader:
                          int(undecodable), int(retry_scheduled), now)
 
     async def _read_streams(self, models: Sequence[str]) -> dict[tuple[str, str], StreamStats]:
+        """Every lane's shard streams (one round trip for the shard counts, one for them)."""
         assert self._streams is not None
-        lanes = [(m, lane) for m in models for lane in LANES]
+        shards = await RedisModelRegistry(self._store, self._names).consumed_shards(models)
+        streams = [(m, lane, s) for m in models for lane in LANES
+                   for s in range(shards.get(m, 1))]
         pipe = self._streams.pipeline(transaction=False)
-        for model, lane in lanes:
-            stream = self._names.stream(model, lane)
+        for model, lane, shard in streams:
+            stream = self._names.stream(model, lane, shard)
             pipe.xlen(stream)
             pipe.xrange(stream, count=1)
             pipe.xinfo_groups(stream)
@@ -266,9 +290,11 @@ class FleetReader:
             if isinstance(reply, Exception):
                 raise reply
         group, now_ms = self._names.consumer_group.encode(), time.time() * 1000.0
-        return {lane: _stream_stats(replies[3 * i], replies[3 * i + 1], replies[3 * i + 2],
-                                    group, now_ms)
-                for i, lane in enumerate(lanes)}
+        parts: dict[tuple[str, str], list[StreamStats]] = {}
+        for i, (model, lane, _) in enumerate(streams):
+            parts.setdefault((model, lane), []).append(_stream_stats(
+                replies[3 * i], replies[3 * i + 1], replies[3 * i + 2], group, now_ms))
+        return {lane: combine_shards(found) for lane, found in parts.items()}
 
 
 def _text(value: bytes | str) -> str:

@@ -48,6 +48,7 @@ from batchfleet.schemas.registry import (
     DEFAULT_LABEL,
     F_DECLARED,
     F_LANE_SHARDS,
+    F_LANE_SHARDS_MAX,
     F_POLICY,
     SERVED_PREFIX,
     SERVED_WITHIN_S,
@@ -107,6 +108,21 @@ return gone
 """
 
 
+#: KEYS[1] the model hash; ARGV[1] the lane shard count a serving worker uses. Writes it
+#: and raises the high-water mark ``lane_shards_max`` when K passes it (absent means 1,
+#: so an unsharded model's record never gets the field). Returns the high-water mark.
+_SET_SHARDS = """
+local k = tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'lane_shards', k)
+local top = tonumber(redis.call('HGET', KEYS[1], 'lane_shards_max') or '1') or 1
+if k > top then
+  redis.call('HSET', KEYS[1], 'lane_shards_max', k)
+  top = k
+end
+return top
+"""
+
+
 _P = TypeVar("_P", RolloutPolicy, RolloutPolicy | None)
 
 #: How many policy changes a model's history keeps (newest first).
@@ -150,7 +166,9 @@ class ModelRegistry(Protocol):
     async def declare(self, name: str, declaration: Declaration) -> None: ...
     async def undeclare(self, name: str, now: float | None = None) -> Undeclared: ...
     async def serve(self, worker_id: str, versions: Mapping[str, Sequence[ModelVersion]],
-                    now: float | None = None, prune: bool = False) -> int: ...
+                    now: float | None = None, prune: bool = False,
+                    lane_shards: Mapping[str, int] | None = None) -> int: ...
+    async def consumed_shards(self, names: Sequence[str]) -> dict[str, int]: ...
     async def withdraw(self, worker_id: str, models: Sequence[str]) -> None: ...
     async def get_policy(self, name: str) -> RolloutPolicy: ...
     async def policies(self, names: Sequence[str]) -> dict[str, RolloutPolicy]: ...
@@ -179,6 +197,7 @@ class RedisModelRegistry:
         self._undeclare = client.register_script(_UNDECLARE)
         self._prune = client.register_script(_PRUNE)
         self._set_policy = client.register_script(_SET_POLICY)
+        self._set_shards = client.register_script(_SET_SHARDS)
 
     async def close(self) -> None:
         """Closes the connection only if this registry opened it (``open_model_registry``)."""
@@ -242,13 +261,17 @@ class RedisModelRegistry:
         return Undeclared(int(done))
 
     async def serve(self, worker_id: str, versions: Mapping[str, Sequence[ModelVersion]],
-                    now: float | None = None, prune: bool = False) -> int:
+                    now: float | None = None, prune: bool = False,
+                    lane_shards: Mapping[str, int] | None = None) -> int:
         """Assert that ``worker_id`` serves these models and versions (every heartbeat).
 
         Per model, a few field writes: its versions, this worker's ``served`` entry, and
-        a default policy and shard count only where none exists. Returns how many models
-        were missing from the index (Redis lost its data). ``prune`` also drops served
-        entries of workers unseen for :data:`FORGET_SERVED_AFTER_S`.
+        a default policy only where none exists. ``lane_shards`` (model -> K, what the
+        worker's ``--lane-shards`` says) is written as the model's ``lane_shards`` and
+        raises ``lane_shards_max``; a model not in it gets ``lane_shards`` 1 only where
+        none is set. Returns how many models were missing from the index (Redis lost its
+        data). ``prune`` also drops served entries of workers unseen for
+        :data:`FORGET_SERVED_AFTER_S`.
         """
         if not versions:
             return 0
@@ -263,13 +286,32 @@ class RedisModelRegistry:
                     SERVED_PREFIX + worker_id: encode_served([v.label for v in served], now)})
                 stable = served[0].label if served else DEFAULT_LABEL
                 pipe.hsetnx(key, F_POLICY, pack(RolloutPolicy(stable).to_wire()))
-                pipe.hsetnx(key, F_LANE_SHARDS, 1)
+                shards = (lane_shards or {}).get(model)
+                if shards is None:
+                    pipe.hsetnx(key, F_LANE_SHARDS, 1)
+                else:
+                    await self._set_shards(keys=[key], args=[shards], client=pipe)
             replies = await pipe.execute()
             if prune:
                 for model in versions:
                     await self._prune(keys=[self._names.model(model)],
                                       args=[now - FORGET_SERVED_AFTER_S])
         return sum(int(r) for r in replies[0::4])
+
+    async def consumed_shards(self, names: Sequence[str]) -> dict[str, int]:
+        """Model -> how many shard streams each of its lanes has that may hold work:
+        ``max(lane_shards, lane_shards_max)``, 1 without a record. One round trip; what
+        workers and ``batchfleet status`` read (a model's K may have been lowered while
+        its old shards still hold entries)."""
+        if not names:
+            return {}
+        with wrap_errors(ResultStoreError, "cannot read lane shards"):
+            pipe = self._redis.pipeline(transaction=False)
+            for name in names:
+                pipe.hmget(self._names.model(name), F_LANE_SHARDS, F_LANE_SHARDS_MAX)
+            rows = await pipe.execute()
+        return {name: max([1, *(_count(v) for v in row)])
+                for name, row in zip(names, rows, strict=True)}
 
     async def withdraw(self, worker_id: str, models: Sequence[str]) -> None:
         """A worker stopping says so: its served entries go (the records stay)."""
@@ -435,17 +477,21 @@ class ServedModels:
     PRUNE_EVERY = 30
 
     def __init__(self, registry: ModelRegistry, worker_id: str,
-                 handlers: Mapping[str, HandlerLike]) -> None:
+                 handlers: Mapping[str, HandlerLike],
+                 lane_shards: Mapping[str, int] | None = None) -> None:
         self._registry = registry
         self._worker_id = worker_id
         self.versions = {name: [served_version(h)] for name, h in handlers.items()}
+        #: model -> this worker's ``--lane-shards``, asserted with the versions every beat.
+        self.lane_shards = dict(lane_shards or {})
         self._asserted = 0
 
     async def assert_served(self) -> int:
         """Returns how many models were missing from the registry (lost with Redis's data)."""
         prune = self._asserted % self.PRUNE_EVERY == 0
         self._asserted += 1
-        return await self._registry.serve(self._worker_id, self.versions, prune=prune)
+        return await self._registry.serve(self._worker_id, self.versions, prune=prune,
+                                          lane_shards=self.lane_shards or None)
 
     async def withdraw(self) -> None:
         await self._registry.withdraw(self._worker_id, list(self.versions))
@@ -456,6 +502,14 @@ def _decoded(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
         return decode_record(name, fields)
     except ValidationError as exc:
         raise ResultStoreError(f"the model registry holds a malformed record: {exc}") from exc
+
+
+def _count(value: bytes | str | None) -> int:
+    """A shard count field; absent or malformed reads as 1 (unsharded)."""
+    try:
+        return max(1, int(value)) if value is not None else 1
+    except ValueError:
+        return 1
 
 
 def _text(value: bytes | str) -> str:

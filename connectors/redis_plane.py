@@ -8,6 +8,7 @@ from batchfleet.connectors.announcements import RedisAnnouncements
 from batchfleet.connectors.dead_letters import DeadLetterQueue, UndecodableSink
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.connectors.result_cache import RedisResultCache
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.connectors.retry_schedule import RetrySchedule
 from batchfleet.schemas.names import Names
@@ -24,6 +25,7 @@ class RedisControlPlane:
     retry_schedule: RetrySchedule
     heartbeats: RedisHeartbeats
     models: RedisModelRegistry
+    result_cache: RedisResultCache
 
     async def close(self) -> None:
         await self.results.close()
@@ -36,7 +38,8 @@ def redis_control_plane(store: ResultStore) -> RedisControlPlane:
         results=store, announcements=RedisAnnouncements(client, names),
         dead_letters=DeadLetterQueue(client, names, store.ttl_s),
         undecodable=UndecodableSink(client, names), retry_schedule=RetrySchedule(client, names),
-        heartbeats=RedisHeartbeats(client, names), models=RedisModelRegistry(client, names))
+        heartbeats=RedisHeartbeats(client, names), models=RedisModelRegistry(client, names),
+        result_cache=RedisResultCache(client, names))
 
 
 def open_redis_control_plane(url: str, names: Names, ttl_s: int,

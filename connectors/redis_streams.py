@@ -13,24 +13,34 @@ or a stream key evicted) the consumer group is gone and ``XREADGROUP`` answers
 notes the moment in :attr:`RedisStreamsConsumer.lane_losses`, which the worker
 writes to the result store (``Names.lane_loss``) so that waiters of the requests
 lost with it stop waiting (``RequestLostError``).
+
+Sharded lanes (``--lane-shards MODEL=K``): a lane is K streams, ``Names.stream(model,
+lane, s)`` for ``s`` in ``0..K-1`` (shard 0 is the unsharded name). The publisher puts a
+request on shard ``shard_for(request_id, K)``; the consumer reads every shard stream of
+its lanes in the same ``XREADGROUP`` with an equal ``COUNT`` each (so no shard's backlog
+waits on another's, and interactive still comes before bulk), and it reads every shard
+that may still hold work: its own K and the registry's high-water mark
+(``lane_shards_max``, re-read every few seconds through :meth:`use_shards`), so a
+lowered K strands nothing. Recovery, ``XAUTOCLAIM`` and the backlog cover every shard;
+the backlog of a lane is the sum over its shards.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError, ResponseError
 
-from batchfleet.connectors.broker import Delivery, LaneBacklog, OutboundMessage
+from batchfleet.connectors.broker import Delivery, LaneBacklog, OutboundMessage, ShardSource
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
 from batchfleet.schemas.envelopes import peek_header
-from batchfleet.schemas.errors import TransportError
-from batchfleet.schemas.names import LANES, Names, lane_loss_field
+from batchfleet.schemas.errors import BatchfleetError, TransportError
+from batchfleet.schemas.names import LANES, Names, lane_loss_field, shard_for
 
 PAYLOAD_FIELD = b"p"
 #: A lane recreated with entries already in it (producers added them after the loss):
@@ -40,6 +50,8 @@ PAYLOAD_FIELD = b"p"
 LOSS_MARGIN_MS = 1000
 #: How many of a recreated lane's first entries are looked at for that.
 _LOSS_PEEK = 100
+#: How often a consumer re-reads how many shard streams its lanes may hold work on.
+SHARD_REFRESH_S = 5.0
 
 log = structlog.get_logger("batchfleet.redis_streams")
 
@@ -90,7 +102,8 @@ class RedisStreamsPublisher:
             return
         by_stream: dict[str, list[bytes]] = {}
         for msg in messages:
-            by_stream.setdefault(self._names.stream(msg.model, msg.lane), []).append(msg.payload)
+            stream = self._names.stream(msg.model, msg.lane, shard_for(msg.key, msg.shards))
+            by_stream.setdefault(stream, []).append(msg.payload)
         args: list[Any] = [self._max_len or 0]
         for payloads in by_stream.values():
             args.append(len(payloads))
@@ -133,20 +146,70 @@ class RedisStreamsConsumer:
         self.lane_losses: dict[str, int] = {}
         #: Models whose lanes are paused (their breaker is open): left out of every read.
         self._paused: set[str] = set()
+        #: Each stream's shard index (0 for an unsharded lane).
+        self._shard: dict[bytes, int] = {}
+        #: The lanes' models as started (version lanes ``m@v`` included).
+        self._models: list[str] = []
+        #: Base model -> shard streams read per lane; this worker's own K, then the
+        #: registry's high-water mark (``use_shards``). Never lowered while running.
+        self._shards: dict[str, int] = {}
+        self._own_shards: dict[str, int] = {}
+        self._shard_source: ShardSource | None = None
+        self._next_shards = float("inf")
+        self._claim_turn = 0
 
     async def start(self, models: Sequence[str]) -> None:
         """Create the consumer group on every lane (idempotent: BUSYGROUP is fine)."""
+        self._models = list(dict.fromkeys([*self._models, *models]))
         for model in models:
             for lane in LANES:
-                stream = self._names.stream(model, lane)
-                self._streams[stream.encode()] = (model, lane)
-                try:
-                    await self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise TransportError(f"cannot create group on {stream}: {exc}") from exc
-                except RedisError as exc:
-                    raise TransportError(f"Redis unreachable: {exc}") from exc
+                await self._add_stream(model, lane, 0)
+
+    async def _add_stream(self, model: str, lane: str, shard: int) -> None:
+        stream = self._names.stream(model, lane, shard)
+        if stream.encode() in self._streams:
+            return
+        try:
+            await self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise TransportError(f"cannot create group on {stream}: {exc}") from exc
+        except RedisError as exc:
+            raise TransportError(f"Redis unreachable: {exc}") from exc
+        self._streams[stream.encode()] = (model, lane)
+        self._shard[stream.encode()] = shard
+
+    async def use_shards(self, own: Mapping[str, int], source: ShardSource | None = None
+                         ) -> None:
+        """Read every shard stream of the started lanes: ``own`` (base model -> this
+        worker's K) and, re-read every :data:`SHARD_REFRESH_S`, what ``source`` says may
+        still hold work (a version lane ``m@v`` is sharded like ``m``)."""
+        self._own_shards = {m: max(1, k) for m, k in own.items()}
+        self._shard_source = source
+        await self._refresh_shards()
+
+    async def _refresh_shards(self) -> None:
+        self._next_shards = (time.monotonic() + SHARD_REFRESH_S if self._shard_source
+                             else float("inf"))
+        bases = sorted({m.partition("@")[0] for m in self._models})
+        wanted = {b: max(self._own_shards.get(b, 1), self._shards.get(b, 1)) for b in bases}
+        if self._shard_source is not None:
+            try:
+                for base, k in (await self._shard_source.consumed_shards(bases)).items():
+                    wanted[base] = max(wanted.get(base, 1), k)
+            except BatchfleetError as exc:  # the registry is unreadable: keep what we read
+                log.warning("cannot read lane shard counts; reading the shards known so far",
+                            error=str(exc))
+        for model in self._models:
+            for shard in range(1, wanted.get(model.partition("@")[0], 1)):
+                for lane in LANES:
+                    await self._add_stream(model, lane, shard)
+        self._shards = wanted
+
+    @property
+    def lane_shards(self) -> dict[str, int]:
+        """Base model -> how many shard streams of each lane this consumer reads."""
+        return dict(self._shards)
 
     async def fetch(self, max_count: int, timeout_s: float) -> list[Delivery]:
         """Orphans first (when a reclaim is due), then new entries, interactive lanes first.
@@ -155,16 +218,21 @@ class RedisStreamsConsumer:
         recreated here, so the worker keeps serving on the same process."""
         out: list[Delivery] = []
         try:
+            if time.monotonic() >= self._next_shards:
+                await self._refresh_shards()
             if time.monotonic() >= self._next_claim:
                 out = await self._reclaim(max_count)
             streams: dict[Any, Any] = self._live({stream: ">" for stream in self._streams})
             if len(out) < max_count and streams:  # none when every lane is paused
                 block_ms = 0 if out else max(1, int(timeout_s * 1000))
+                # COUNT is per stream: split the room evenly over a lane's shards, so every
+                # shard gets the same share of each read and the total stays bounded
+                widest = max(self._shards.values(), default=1)
                 reply = await self._redis.xreadgroup(
                     self._group,
                     self._consumer,
                     streams,
-                    count=max_count - len(out),
+                    count=max(1, -(-(max_count - len(out)) // widest)),
                     block=None if block_ms == 0 else block_ms,
                 )
                 out.extend(self._deliveries(reply))
@@ -223,7 +291,13 @@ class RedisStreamsConsumer:
         """Take over entries other consumers left idle too long (they crashed or hung)."""
         self._next_claim = time.monotonic() + self._claim_interval_s
         out: list[Delivery] = []
-        for stream, (model, lane) in self._live(self._streams).items():
+        # interactive lanes first; within a lane, each round starts at the next shard, so
+        # one shard's orphans never keep the others' waiting
+        turn, self._claim_turn = self._claim_turn, self._claim_turn + 1
+        widest = max(self._shards.values(), default=1)
+        order = sorted(self._live(self._streams).items(), key=lambda item: (
+            LANES.index(item[1][1]), (self._shard.get(item[0], 0) - turn) % widest))
+        for stream, (model, lane) in order:
             cursor: Any = "0-0"
             while len(out) < max_count:
                 cursor, entries, deleted = await self._redis.xautoclaim(
@@ -286,8 +360,9 @@ class RedisStreamsConsumer:
                 if self._streams[k][0].partition("@")[0] not in self._paused}
 
     async def backlog(self) -> list[LaneBacklog]:
-        """Depth and oldest age per lane. Finished entries are deleted, so the first entry
-        left is the oldest unfinished request and its ID carries its arrival time."""
+        """Depth and oldest age per lane, summed over its shard streams (the oldest age is
+        the oldest shard's). Finished entries are deleted, so the first entry left is the
+        oldest unfinished request and its ID carries its arrival time."""
         pipe = self._redis.pipeline(transaction=False)
         for stream in self._streams:
             pipe.xlen(stream)
@@ -295,15 +370,18 @@ class RedisStreamsConsumer:
         with wrap_errors(TransportError, "XLEN failed"):
             replies = await pipe.execute()
         now_ms = time.time() * 1000.0
-        out = []
-        for i, (model, lane) in enumerate(self._streams.values()):
-            depth, first = replies[2 * i], replies[2 * i + 1]
-            age = None
-            if first:
+        depths: dict[tuple[str, str], int] = {}
+        ages: dict[tuple[str, str], list[float]] = {}
+        for i, key in enumerate(self._streams.values()):
+            depth, first = int(replies[2 * i]), replies[2 * i + 1]
+            depths[key] = depths.get(key, 0) + depth
+            found = ages.setdefault(key, [])
+            if first and depth:
                 entry_ms = int(first[0][0].split(b"-")[0])
-                age = max(0.0, (now_ms - entry_ms) / 1000.0)
-            out.append(LaneBacklog(model, lane, int(depth), age if depth else 0.0))
-        return out
+                found.append(max(0.0, (now_ms - entry_ms) / 1000.0))
+        return [LaneBacklog(model, lane, depth,
+                            (max(ages[(model, lane)], default=None) if depth else 0.0))
+                for (model, lane), depth in depths.items()]
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -134,6 +134,9 @@ class AsyncClient:
         #: retired model is refused again and a new declaration's spec is seen; a miss is
         #: never cached, so a model declared or served a moment ago is accepted at once.
         self._models: dict[str, tuple[float, TensorSpec | None]] = {}
+        #: model -> its lane_shards, read with the record above; a request goes to shard
+        #: crc32(request ID) % K (``shard_for``). Unread (check_model=False): shard 0.
+        self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
         self._results_on_broker = (parsed.kind == "redis"
@@ -172,7 +175,7 @@ class AsyncClient:
     def _request(
         self, model: str, inputs: Any, request_id: str | None, priority: str,
         deadline_s: float | None, callback_url: str | None, now: float, owner: str | None = None,
-        version: str | None = None, routing_key: str | None = None,
+        version: str | None = None, routing_key: str | None = None, cache: bool = True,
     ) -> Request:
         lane = PRIORITIES.get(priority, priority)
         check_lane(lane)
@@ -182,7 +185,7 @@ class AsyncClient:
             request_id=request_id or new_request_id(), model=model, inputs=inputs, lane=lane,
             enqueued_at=now, deadline_at=None if deadline_s is None else now + deadline_s,
             callback_url=callback_url, notify=self.client_id, owner=owner,
-            version=version, routing_key=routing_key,
+            version=version, routing_key=routing_key, cache=cache,
         )
 
     async def submit(
@@ -190,13 +193,17 @@ class AsyncClient:
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
         callback_url: str | None = None, owner: str | None = None,
         fingerprint: str | None = None, version: str | None = None,
-        routing_key: str | None = None,
+        routing_key: str | None = None, cache: bool = True,
     ) -> str:
         """Enqueue one request; returns its request ID. Bad input raises ValidationError now.
 
         ``version`` pins it to one version label (evaluations, A/B analysis); otherwise the
         workers route it by the model's rollout policy, hashing ``routing_key`` (one user
         always sees one version) or else the request ID (docs/rollout.md, "Routing").
+
+        ``cache=False`` opts out of the result cache: never answered from a stored output,
+        and its own output is not stored (docs/cache.md). A result answered from the cache
+        says ``result.cached``.
 
         ``owner`` names the API key ID whose callers may read the result through the
         gateway (without one, only admin-scoped keys can). ``fingerprint`` is the
@@ -208,7 +215,7 @@ class AsyncClient:
         spec = await self.ensure_model(model)
         await self._waiter.start()
         req = self._request(model, inputs, request_id, priority, deadline_s, callback_url,
-                            time.time(), owner, version, routing_key)
+                            time.time(), owner, version, routing_key, cache)
         _check_declared(spec, req.inputs)
         await self._admission.check(model, req.lane)
         if self._tracer is None:
@@ -233,10 +240,11 @@ class AsyncClient:
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
         callback_url: str | None = None, owner: str | None = None,
         fingerprint: str | None = None, version: str | None = None,
-        routing_key: str | None = None,
+        routing_key: str | None = None, cache: bool = True,
     ) -> list[str]:
         """Enqueue many requests to one model, pipelined in chunks of ``SUBMIT_CHUNK``
-        (``owner``, ``fingerprint``, ``version`` and ``routing_key`` as for :meth:`submit`).
+        (``owner``, ``fingerprint``, ``version``, ``routing_key`` and ``cache`` as for
+        :meth:`submit`).
 
         Raises UnknownModelError for a model no worker has ever served and nobody
         declared (unless the client was made with ``check_model=False``), rather than
@@ -254,7 +262,7 @@ class AsyncClient:
             if id_iter is not None and rid is None:
                 raise ValidationError("request_ids is shorter than inputs")
             req = self._request(model, item, rid, priority, deadline_s, callback_url, time.time(),
-                                owner, version, routing_key)
+                                owner, version, routing_key, cache)
             _check_declared(spec, req.inputs)
             if self._tracer is not None:
                 req.traceparent = _submit_span(self._tracer, req)
@@ -293,7 +301,9 @@ class AsyncClient:
             raise UnregisteredModelError(model, known)
         if len(self._models) >= _MAX_CACHED_MODELS:
             self._models.clear()
+            self._shards.clear()
         spec = record.declared_input if record is not None else None
+        self._shards[model] = record.lane_shards if record is not None else 1
         self._models[model] = (now, spec)
         return spec
 
@@ -326,7 +336,8 @@ class AsyncClient:
                              if state == SubmitState.NEW])
         try:
             await self._publisher.publish([
-                OutboundMessage(req.model, req.lane, req.request_id, payload, req.traceparent)
+                OutboundMessage(req.model, req.lane, req.request_id, payload, req.traceparent,
+                                self._shards.get(req.model, 1))
                 for (req, payload, _), state in zip(chunk, states, strict=True)
                 if state in (SubmitState.NEW, SubmitState.PENDING)
             ])

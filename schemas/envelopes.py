@@ -107,6 +107,8 @@ class Request:
     routing_key: str | None = None
     #: W3C trace context of the submit span (tracing on); a malformed one is ignored.
     traceparent: str | None = None
+    #: False: never answer it from the result cache, nor store its result (docs/cache.md).
+    cache: bool = True
 
 
 @dataclass(slots=True)
@@ -130,6 +132,8 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Who submitted it (see ``Request.owner``); only admin-scoped keys read ownerless ones.
     owner: str | None = None
+    #: Answered from the result cache (computed earlier by ``model_version``; docs/cache.md).
+    cached: bool = False
 
     @property
     def is_terminal(self) -> bool:
@@ -172,6 +176,7 @@ def encode_request(req: Request) -> bytes:
         **({} if req.version is None else {"version": req.version}),
         **({} if req.routing_key is None else {"routing_key": req.routing_key}),
         **({} if req.traceparent is None else {"traceparent": req.traceparent}),
+        **({} if req.cache else {"cache": False}),
         # Last, so a damaged or oversized message still has a readable header.
         "inputs": encode_tensors(req.inputs),
     }
@@ -198,6 +203,8 @@ def encode_result(res: Result) -> bytes:
     }
     if res.owner is not None:
         body["owner"] = res.owner
+    if res.cached:
+        body["cached"] = True
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -331,7 +338,17 @@ def request_from_header(header: RequestHeader) -> Request:
         version=check_version_label(obj.get("version")),
         routing_key=_routing_key(obj.get("routing_key")),
         traceparent=_traceparent(obj.get("traceparent")),
+        cache=_cache_flag(obj.get("cache", True)),
     )
+
+
+def _cache_flag(value: Any) -> bool:
+    """``cache``: absent, nil or true reads the result cache; false opts the request out."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise ValidationError(f"cache must be true or false, got {value!r}")
+    return value
 
 
 def _traceparent(value: Any) -> str | None:
@@ -431,4 +448,5 @@ def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
         batch_size=obj.get("batch_size"),
         generation=int(obj.get("generation") or 0),
         owner=_owner(obj.get("owner")),
+        cached=obj.get("cached") is True,
     )

@@ -17,7 +17,9 @@ import msgpack
 VERSION = 1
 #: The worker's counters (``WorkerStats``) carried in a heartbeat.
 COUNTERS = ("batches", "computed", "succeeded", "failed", "expired", "duplicates", "retried",
-            "dead_lettered", "quarantined", "undecodable")
+            "dead_lettered", "quarantined", "undecodable",
+            # result cache (docs/cache.md); saved compute in whole milliseconds
+            "cache_hits", "cache_coalesced", "cache_misses", "cache_errors", "cache_saved_ms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,6 +22,17 @@ LANE_INTERACTIVE: Final = "interactive"
 LANE_BULK: Final = "bulk"
 #: Lanes in the order a worker serves them: interactive traffic is never starved by bulk.
 LANES: Final = (LANE_INTERACTIVE, LANE_BULK)
+#: Most shard streams one lane may be split into (``--lane-shards``).
+MAX_LANE_SHARDS: Final = 64
+
+
+def shard_for(request_id: str, shards: int) -> int:
+    """The shard of a lane a request goes to: CRC-32 (zlib, IEEE) of the request ID's
+    UTF-8 bytes, mod ``shards``. Stable across processes and languages, so a raw-wire
+    producer picks the same shard as the SDK (docs/wire-format.md); 0 when unsharded."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(request_id.encode()) % shards
 
 
 def check_lane(lane: str) -> str:
@@ -40,9 +52,16 @@ class Names:
         """One group per namespace, so two fleets on one Kafka cluster never rebalance together."""
         return f"{self.prefix}-workers"
 
-    def stream(self, model: str, lane: str) -> str:
-        """Redis stream holding one model's requests on one priority lane."""
-        return f"{self.prefix}:stream:{model}:{lane}"
+    def stream(self, model: str, lane: str, shard: int = 0) -> str:
+        """Redis stream holding one model's requests on one priority lane; a sharded lane
+        (``--lane-shards``) is streams ``0..K-1``, shard 0 being the unsharded name (so
+        K=1 is the same key) and shard ``s`` that name plus ``:{s}``."""
+        base = f"{self.prefix}:stream:{model}:{lane}"
+        return base if shard == 0 else f"{base}:{shard}"
+
+    def shard_streams(self, model: str, lane: str, shards: int) -> list[str]:
+        """Every shard stream of a lane split ``shards`` ways, shard 0 first."""
+        return [self.stream(model, lane, s) for s in range(max(1, shards))]
 
     def topic(self, model: str, lane: str) -> str:
         """Kafka topic holding one model's requests on one priority lane (no ':' allowed);

@@ -19,7 +19,12 @@ a record, so listing is one round trip. Structured values are msgpack maps:
   (``canary``/``shadow``/``previous`` nil when off; ``guard`` is
   ``{error_points, p99_ratio, min_window}``), rewritten whole by one script that
   bumps ``epoch`` (``connectors.model_registry``);
-* ``lane_shards`` -> a decimal integer.
+* ``lane_shards`` -> a decimal integer: how many streams each of the model's lanes is
+  split into (``--lane-shards``), rewritten by its workers every beat; producers
+  publish to shard ``crc32(request_id) % lane_shards`` (``schemas.names.shard_for``);
+* ``lane_shards_max`` -> a decimal integer, the high-water mark of ``lane_shards``
+  (only ever raised): workers consume shards ``0..lane_shards_max-1``, so lowering K
+  strands nothing in the shards no longer published to.
 
 Beside the hash, ``{ns}:model:{name}:history`` is a capped list (newest first) of
 policy changes, each ``{at, who, why, action, policy}``.
@@ -49,6 +54,7 @@ SERVED_WITHIN_S: Final = 30.0
 F_DECLARED: Final = "declared"
 F_POLICY: Final = "policy"
 F_LANE_SHARDS: Final = "lane_shards"
+F_LANE_SHARDS_MAX: Final = "lane_shards_max"
 VERSION_PREFIX: Final = "version:"
 SERVED_PREFIX: Final = "served:"
 
@@ -268,6 +274,13 @@ class ModelRecord:
     served: dict[str, Serving] = field(default_factory=dict)
     policy: RolloutPolicy = field(default_factory=RolloutPolicy)
     lane_shards: int = 1
+    #: High-water mark of ``lane_shards``: shards ``0..lane_shards_max-1`` may hold entries.
+    lane_shards_max: int = 1
+
+    @property
+    def consumed_shards(self) -> int:
+        """How many shard streams of each lane workers read: every one that may hold work."""
+        return max(1, self.lane_shards, self.lane_shards_max)
 
     @property
     def declared_input(self) -> TensorSpec | None:
@@ -308,6 +321,7 @@ class ModelRecord:
                                                               key=lambda s: s.worker_id)],
             "policy": self.policy.to_wire(),
             "lane_shards": self.lane_shards,
+            "lane_shards_max": self.lane_shards_max,
         }
 
 
@@ -333,12 +347,15 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
     served: dict[str, Serving] = {}
     declared: Declaration | None = None
     policy = RolloutPolicy()
-    lane_shards = 1
+    lane_shards = lane_shards_max = 1
     for raw_key, raw in fields.items():
         key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
         try:
             if key == F_LANE_SHARDS:
                 lane_shards = int(raw)
+                continue
+            if key == F_LANE_SHARDS_MAX:
+                lane_shards_max = int(raw)
                 continue
             value = msgpack.unpackb(raw, raw=False)
             if key.startswith(VERSION_PREFIX):
@@ -358,7 +375,7 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise ValidationError(f"model {name!r}: registry field {key!r} is malformed: {exc}"
                                   ) from exc
-    return ModelRecord(name, versions, declared, served, policy, lane_shards)
+    return ModelRecord(name, versions, declared, served, policy, lane_shards, lane_shards_max)
 
 
 Interface = Literal["sdk", "cli", "http"]

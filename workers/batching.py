@@ -4,20 +4,48 @@ The decisions are pure functions of (size, oldest arrival, now) so they are
 tested directly; :class:`MicroBatcher` only keeps the queues and wakes the
 compute loop. Time is ``time.monotonic()`` of arrival at this worker, never a
 wall clock from another machine.
+
+By default a group is due once its oldest has waited ``max_wait_s``. A
+:class:`ClosePolicy` (``--latency-slo-ms``: ``workers/slo.py``) replaces that with a
+due time per group, asked afresh at every look; it is given the group's oldest
+*origin* as well, the monotonic moment its request was enqueued (its ``enqueued_at``
+moved onto this worker's monotonic clock, queue time before the fetch included).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
+
+
+class ClosePolicy(Protocol[K_contra]):
+    """Decides when a not-yet-full group closes (instead of a fixed ``max_wait_s``)."""
+
+    def due_at(self, key: K_contra, size: int, oldest_arrival: float, oldest_origin: float,
+               now: float) -> float:
+        """When the group ``key`` of ``size`` should close (``<= now``: now). Arrival is when
+        its oldest reached this worker, origin when its oldest-enqueued request was
+        enqueued; both monotonic."""
+        ...
+
+    def batch_size(self, key: K_contra, size: int, oldest_origin: float, now: float) -> int:
+        """How many of a due group's ``size`` items to take now (at most ``max_batch_size``
+        are taken whatever it says; fewer than 1 counts as 1)."""
+        ...
+
+    def closed(self, key: K_contra, size: int, now: float) -> None:
+        """A batch of ``size`` was taken from the group ``key`` at ``now``."""
+        ...
 
 
 def is_batch_ready(
@@ -64,9 +92,32 @@ def pick_ready(
     return chosen
 
 
+def pick_due(groups: Mapping[K, tuple[int, float, int, float]], now: float,
+             max_size: int) -> K | None:
+    """:func:`pick_ready` with a due time per group: (size, oldest arrival, rank, due at)."""
+    best: tuple[int, float] | None = None
+    chosen: K | None = None
+    for key, (size, oldest, rank, due) in groups.items():
+        if (size >= max_size or (size > 0 and now >= due)) and (
+                best is None or (rank, oldest) < best):
+            best, chosen = (rank, oldest), key
+    return chosen
+
+
+def origin_of(arrival: float, enqueued_at: float, wall_now: float) -> float:
+    """A request's enqueue moment on this worker's monotonic clock: its arrival less the
+    time it had already queued (``enqueued_at`` is a wall clock, 0 when unknown). A
+    producer clock ahead of ours counts as no queue time, never as a future origin."""
+    if enqueued_at <= 0.0:
+        return arrival
+    return arrival - max(0.0, wall_now - enqueued_at)
+
+
 @dataclass(slots=True)
 class _Group(Generic[T]):
     items: deque[tuple[float, T]] = field(default_factory=deque)
+    #: The earliest origin among ``items`` (only kept with a close policy).
+    origin: float = math.inf
 
 
 class MicroBatcher(Generic[K, T]):
@@ -82,6 +133,10 @@ class MicroBatcher(Generic[K, T]):
         max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
         priority: Callable[[K], int] = lambda key: 0,
+        *,
+        policy: ClosePolicy[K] | None = None,
+        enqueued_at: Callable[[T], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -91,6 +146,11 @@ class MicroBatcher(Generic[K, T]):
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._priority = priority
+        #: None: the fixed ``max_wait_s``. ``enqueued_at`` gives an item's wall-clock enqueue
+        #: time (for the policy's origins); ``wall_clock`` is read once per ``put``.
+        self.policy = policy
+        self._enqueued_at = enqueued_at
+        self._wall_clock = wall_clock
         self._groups: dict[K, _Group[T]] = {}
         self._count = 0
         self._wakeup = asyncio.Event()
@@ -100,11 +160,26 @@ class MicroBatcher(Generic[K, T]):
 
     def put(self, keyed_items: Iterable[tuple[K, T]]) -> None:
         now = self._clock()
+        if self.policy is not None:
+            self._put_with_origins(keyed_items, now)
+            return
         for key, item in keyed_items:
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = _Group()
             group.items.append((now, item))
+            self._count += 1
+        self._wakeup.set()
+
+    def _put_with_origins(self, keyed_items: Iterable[tuple[K, T]], now: float) -> None:
+        wall, enqueued = self._wall_clock(), self._enqueued_at
+        for key, item in keyed_items:
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group()
+            group.items.append((now, item))
+            origin = now if enqueued is None else origin_of(now, enqueued(item), wall)
+            group.origin = min(group.origin, origin)
             self._count += 1
         self._wakeup.set()
 
@@ -120,22 +195,63 @@ class MicroBatcher(Generic[K, T]):
         return {k: (len(g.items), g.items[0][0], self._priority(k))
                 for k, g in self._groups.items()}
 
+    def _due(self, now: float) -> dict[K, tuple[int, float, int, float]]:
+        """Each group's (size, oldest arrival, rank, due at), as the close policy sets it."""
+        policy = self.policy
+        assert policy is not None
+        return {k: (len(g.items), g.items[0][0], self._priority(k),
+                    policy.due_at(k, len(g.items), g.items[0][0], g.origin, now))
+                for k, g in self._groups.items()}
+
     def take_ready(self, *, flush: bool = False) -> tuple[K, list[T]] | None:
         """A ready batch now, or None. With ``flush`` any non-empty group counts as ready."""
+        now = self._clock()
+        if self.policy is not None:
+            due = self._due(now)
+            key = pick_due(due, now, self.max_batch_size)
+            if key is None and flush and due:
+                key = min(due, key=lambda k: due[k][1])
+            return None if key is None else (key, self._take(key, now))
         state = self._state()
-        key = pick_ready(state, self._clock(), self.max_batch_size, self.max_wait_s)
+        key = pick_ready(state, now, self.max_batch_size, self.max_wait_s)
         if key is None and flush and state:
             key = min(state, key=lambda k: state[k][1])
-        return None if key is None else (key, self._take(key))
+        return None if key is None else (key, self._take(key, now))
 
-    def _take(self, key: K) -> list[T]:
+    def _take(self, key: K, now: float) -> list[T]:
         group = self._groups[key]
         n = min(self.max_batch_size, len(group.items))
+        if self.policy is not None:
+            n = max(1, min(n, self.policy.batch_size(key, len(group.items), group.origin, now)))
         batch = [group.items.popleft()[1] for _ in range(n)]
         if not group.items:
             del self._groups[key]
+        elif self.policy is not None:
+            self._reset_origin(group)
         self._count -= n
+        if self.policy is not None:
+            self.policy.closed(key, n, now)
         return batch
+
+    def _reset_origin(self, group: _Group[T]) -> None:
+        """The earliest origin among what is left (once per batch taken, not per request)."""
+        enqueued = self._enqueued_at
+        if enqueued is None:
+            group.origin = group.items[0][0]
+            return
+        wall, mono = self._wall_clock(), self._clock()
+        # origins were fixed at arrival; the wall-minus-monotonic offset is the same now
+        group.origin = min(origin_of(arrival, enqueued(item), wall - mono + arrival)
+                           for arrival, item in group.items)
+
+    def seconds_until_next_due(self) -> float:
+        """Seconds until the earliest group is due: 0 when one is, inf when there is none."""
+        now = self._clock()
+        if self.policy is not None:
+            return min((max(0.0, 0.0 if size >= self.max_batch_size else due - now)
+                        for size, _, _, due in self._due(now).values()), default=math.inf)
+        return min((seconds_until_due(g.items[0][0], now, self.max_wait_s)
+                    for g in self._groups.values()), default=math.inf)
 
     async def next_batch(self, stop: asyncio.Event | None = None) -> tuple[K, list[T]] | None:
         """Wait for a ready batch. Once ``stop`` is set, flush what is left, then return None."""
@@ -145,12 +261,8 @@ class MicroBatcher(Generic[K, T]):
             if found is not None or stopping:
                 return found
             self._wakeup.clear()
-            now = self._clock()
-            timeout = min(
-                (seconds_until_due(g.items[0][0], now, self.max_wait_s)
-                 for g in self._groups.values()),
-                default=None,
-            )
+            due_in = self.seconds_until_next_due()
+            timeout = None if due_in == math.inf else due_in
             if timeout == 0.0:
                 continue
             with contextlib.suppress(TimeoutError):

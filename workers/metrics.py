@@ -98,6 +98,10 @@ class WorkerMetrics:
                                     registry=r)
         self.device_memory = Gauge("batchfleet_device_memory_bytes", "CUDA memory allocated "
                                    "(only on CUDA)", ["device"], registry=r)
+        self.batch_close_wait = Gauge("batchfleet_batch_close_wait_ms", "With "
+                                      "--latency-slo-ms: how long a request arriving now "
+                                      "would wait for its batch to close", ["model"],
+                                      registry=r)
         self.up = Gauge("batchfleet_worker_up", "1 while the worker is consuming", ["model"],
                         registry=r)
         # Rollout (docs/rollout.md): per version label and role (stable, canary, shadow,
@@ -118,6 +122,19 @@ class WorkerMetrics:
         self.auto_rollbacks = Counter("batchfleet_rollout_auto_rollbacks", "Canaries the "
                                       "guard rolled back (counted by the worker that did it)",
                                       ["model"], registry=r)
+        # Result cache (docs/cache.md): hit ratio = (hits + coalesced) / (the three summed).
+        self.cache_hits = Counter("batchfleet_cache_hits", "Requests answered from the result "
+                                  "cache", ["model"], registry=r)
+        self.cache_coalesced = Counter("batchfleet_cache_coalesced", "Requests answered by an "
+                                       "identical request computed in the same batch",
+                                       ["model"], registry=r)
+        self.cache_misses = Counter("batchfleet_cache_misses", "Cache-enabled requests that "
+                                    "were computed", ["model"], registry=r)
+        self.cache_saved = Counter("batchfleet_cache_saved_compute_seconds", "Compute time "
+                                   "hits and coalesced requests did not spend (per-row time "
+                                   "of the batch that computed them)", ["model"], registry=r)
+        self.cache_errors = Counter("batchfleet_cache_errors", "Result-cache reads or writes "
+                                    "that failed (read as misses)", ["model"], registry=r)
         self._done_since = 0
         self._last_sample = time.monotonic()
         self._rate = 0.0

@@ -45,6 +45,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from batchfleet.connectors.result_store import DEFAULT_TTL_S
 from batchfleet.connectors.urls import BrokerURL, results_url_for
 from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import MAX_LANE_SHARDS
 from batchfleet.workers.per_model import PerModel, parse_per_model
 
 #: Prefix of every environment variable.
@@ -112,6 +113,32 @@ def _tolerance(value: str) -> float | None:
     return tolerance
 
 
+def _cache_ttl(value: str) -> int:
+    ttl = int(value) if value.strip().isdigit() else -1
+    if ttl < 0:
+        raise ValueError("expected whole seconds, 0 or more (0: no cache)")
+    return ttl
+
+
+def _shard_count(value: str) -> int:
+    count = int(value) if value.strip().lstrip("-").isdigit() else -1
+    if not 1 <= count <= MAX_LANE_SHARDS:
+        raise ValueError(f"expected a whole number from 1 to {MAX_LANE_SHARDS}")
+    return count
+
+
+def _slo_ms(value: str) -> float | None:
+    if value.lower() in ("", "none", "off"):
+        return None
+    try:
+        ms = float(value)
+    except ValueError:
+        raise ValueError("expected milliseconds (a positive number) or none") from None
+    if not 0 < ms < float("inf"):
+        raise ValueError("must be a positive number of milliseconds")
+    return ms
+
+
 def _truth(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -154,6 +181,14 @@ class WorkerSettings:
     #: ...or when its oldest request has waited this long.
     max_wait_ms: float = field(default=5.0, metadata=opt(
         "...or when its oldest request has waited this long.", panel="Batching"))
+    #: Per model: close batches as late as this fleet-side latency SLO (enqueued_at to
+    #: finished_at) allows, learnt from compute cost and arrival rate (workers/slo.py),
+    #: instead of after max_wait_ms. None: the fixed wait.
+    latency_slo_ms: PerModel[float | None] = field(default=PerModel(None), metadata=opt(
+        "Latency SLO from enqueue to finished: close each batch as late as it allows "
+        "(learning compute time and arrival rate) instead of --max-wait-ms. See "
+        "docs/batching.md.", per_model=True, metavar="[MODEL=]MS", parse=_slo_ms,
+        show="off", panel="Batching"))
     #: How many batches' worth of requests may wait in memory ahead of compute.
     prefetch_batches: int = field(default=2, metadata=opt(
         "Batches' worth of requests that may wait in memory ahead of compute.",
@@ -164,7 +199,19 @@ class WorkerSettings:
     claim_idle_ms: int = field(default=60_000, metadata=opt(
         "Redis: reclaim other consumers' entries idle this long (they crashed).",
         transport="redis"))
+    #: Split a model's lanes into K streams (shard 0 is today's); give every worker of the
+    #: model the same K. Kept in the model registry; Kafka refuses more than 1.
+    lane_shards: PerModel[int] = field(default=PerModel(1), metadata=opt(
+        "Split each lane of a model into this many Redis streams, so a hot model is not "
+        "bound to one stream (docs/operations.md, \"Sharded lanes\").", per_model=True,
+        metavar="[MODEL=]K", parse=_shard_count, transport="redis"))
     result_ttl_s: int = field(default=DEFAULT_TTL_S, metadata=opt("How long results are kept."))
+    #: Result cache (docs/cache.md): repeats of the same inputs on the same model version
+    #: are answered from a stored output for this long; 0: off.
+    cache_ttl_s: PerModel[int] = field(default=PerModel(0), metadata=opt(
+        "Answer repeated inputs from a result cache kept this long (0: off); the key holds "
+        "the model version (docs/cache.md).", per_model=True, metavar="[MODEL=]SECONDS",
+        parse=_cache_ttl))
     #: On SIGTERM, in-flight work gets this long to finish before the worker exits anyway.
     grace_s: float = field(default=30.0, metadata=opt(
         "On SIGTERM, how long in-flight work may take to finish."))
@@ -281,6 +328,11 @@ class WorkerSettings:
                                    for spec in self.models))
 
     @property
+    def lane_shards_by_model(self) -> dict[str, int]:
+        """Served model -> its ``--lane-shards`` K (what the worker asserts in the registry)."""
+        return {m: self.lane_shards.for_model(m) for m in self.model_names}
+
+    @property
     def retry_overrides(self) -> tuple[tuple[str, str], ...]:
         """(model, "ATTEMPTS[:BASE_S[:CAP_S]]") for each served model whose --retry is set."""
         resolved = ((m, self.retry.for_model(m)) for m in self.model_names)
@@ -327,6 +379,10 @@ class WorkerSettings:
         for option in setting_options(WorkerSettings):
             if option.opt.per_model:
                 option.get(self).check_models(self.model_names, option.flag)
+        sharded = [m for m in self.model_names if self.lane_shards.for_model(m) > 1]
+        if self.broker.kind == "kafka" and sharded:
+            raise ConfigError(f"--lane-shards is for Redis Streams only ({', '.join(sharded)}): "
+                              "a Kafka lane scales by partitions (--kafka-partitions)")
         return self
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from batchfleet import connectors
-from batchfleet.connectors.broker import Consumer, Delivery, Publisher
+from batchfleet.connectors.broker import Consumer, Delivery, Publisher, shard_lanes
 from batchfleet.connectors.model_registry import ServedModels, model_registry_for
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.envelopes import ErrorInfo, Limits
@@ -37,6 +37,7 @@ from batchfleet.workers.intake import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
 from batchfleet.workers.middleware.routing import lanes, model_version, registry_versions
+from batchfleet.workers.middleware.slo import close_policy
 from batchfleet.workers.models import ModelHandler, load_versions, per_model, slots, version_lane
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.settings import WorkerSettings
@@ -76,7 +77,8 @@ class Worker(DefaultViews):
         self.stopping, self._fetch_done, self._room = (asyncio.Event() for _ in range(3))
         self._limits = Limits(max_message_bytes=s.max_message_bytes)
         self.batcher: MicroBatcher[BatchKey, Job] = MicroBatcher(
-            s.max_batch_size, s.max_wait_ms / 1000.0, priority=lambda key: key.lane_rank)
+            s.max_batch_size, s.max_wait_ms / 1000.0, priority=lambda key: key.lane_rank,
+            policy=close_policy(self.hooks), enqueued_at=lambda job: job.request.enqueued_at)
         self.compute = ComputeThread(slots(self.versions), resolve_device(s.device),
                                      s.compute_timeout_s, s.claim_idle_ms)
         # a slow store pushes back; an unexpected error stops the worker (redelivery heals)
@@ -143,10 +145,11 @@ class Worker(DefaultViews):
             raise ResultStoreError(f"result store {s.results_url} is not answering")
         warm = await self.compute.setup()
         await self.consumer.start(lanes(self.versions))
-        # This worker's versions and specs in the model registry; re-asserted every beat.
-        self.served = ServedModels(model_registry_for(store), s.worker_id, self.handlers)
+        registry, shards = model_registry_for(store), s.lane_shards_by_model
+        self.served = ServedModels(registry, s.worker_id, self.handlers, shards)  # every beat
         self.served.versions = registry_versions(self.versions)
         await self.served.assert_served()
+        await shard_lanes(self.consumer, shards, registry)  # and the shards that hold work
         return per_model(warm)
 
     async def _run_loops(self) -> None:
@@ -260,14 +263,18 @@ class Worker(DefaultViews):
                 await self.hooks.dropped(batch, resume)
                 continue
             batch.jobs = live
-            if not await self.hooks.before_compute(batch, resume):
+            go = await self.hooks.before_compute(batch, resume)
+            if batch.answered or batch.failed:  # answered without compute (result cache)
+                await self._spawn_completion(*batch.take_answered())
+            if not go:
                 continue
             model, label, jobs = batch.key.model, batch.key.version, batch.jobs
             run = await self.compute.run(version_lane(model, label), jobs)
             await self.hooks.after_compute(batch, run)
             version = model_version(label, self.versions[model][label])
             answers, failed = intake.answers_from_run(model, version, jobs, run)
-            await self._spawn_completion(answers, failed)
+            more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
+            await self._spawn_completion(answers + more, [*failed, *more_failed])
 
     async def _next_batch(self) -> Any:
         """The batcher's next batch; ``_IDLE`` when a held batch may be due before one is."""

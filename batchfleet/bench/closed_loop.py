@@ -1,6 +1,8 @@
 """The throughput scenario: a closed loop that keeps the fleet saturated.
 
-Several lanes each submit a chunk with ``submit_many`` and wait for all of it
+The lanes run in the producer processes (``batchfleet.bench.load``), split
+between them, so the load generator is never what saturates. Several lanes
+each submit a chunk with ``submit_many`` and wait for all of it
 with ``as_completed`` before sending the next, so a fixed number of requests
 is always outstanding. That window is several batches deep, so the worker
 always finds a full batch waiting; throughput is then what the fleet can do,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +34,22 @@ class ClosedLoopRun:
     window_s: float
     submitted: int
     cpu_s: dict[str, float]
+    #: CPU time (``time.process_time``) the load generators spent in the window, and the
+    #: results they received in it: the client's CPU per request.
+    client_cpu_s: float = 0.0
+    client_requests: int = 0
 
     @property
     def throughput_rps(self) -> float:
         return len(self.samples) / self.window_s if self.window_s > 0 else 0.0
 
+    @property
+    def client_cpu_us_per_request(self) -> float:
+        n = self.client_requests or len(self.samples)
+        return self.client_cpu_s / n * 1e6 if n else float("nan")
 
-class _Budget:
+
+class Budget:
     """How many requests may still be submitted (None: unbounded), shared by the lanes."""
 
     def __init__(self, limit: int | None) -> None:
@@ -51,16 +63,17 @@ class _Budget:
         return n
 
 
-async def closed_loop(
-    client: AsyncClient, model: str, inputs: np.ndarray[Any, Any], *, chunk: int, lanes: int,
-    warmup_s: float, duration_s: float, meter: CpuMeter, max_requests: int | None = None,
-) -> ClosedLoopRun:
-    """Saturate ``model`` for ``warmup_s + duration_s``; measure the last ``duration_s``."""
+async def closed_lanes(
+    client: AsyncClient, model: str, inputs: np.ndarray[Any, Any], *, chunk: int,
+    lanes: Sequence[int], total_lanes: int, stop_at: float, budget: Budget,
+) -> tuple[list[Sample], int]:
+    """Run ``lanes`` (indices out of ``total_lanes``) until wall time ``stop_at``.
+
+    Each lane submits a chunk with ``submit_many`` and waits for all of it before the
+    next; lanes start at different offsets of ``inputs`` so they do not send the same rows.
+    """
     samples: list[Sample] = []
-    budget = _Budget(max_requests)
     submitted = 0
-    start = time.time()
-    stop_at = start + warmup_s + duration_s
 
     async def lane(index: int) -> None:
         nonlocal submitted
@@ -70,30 +83,52 @@ async def closed_loop(
             if n == 0:
                 return
             rows = np.take(inputs, range(offset, offset + n), axis=0, mode="wrap")
-            offset = (offset + n * lanes) % len(inputs)
+            offset = (offset + n * total_lanes) % len(inputs)
             sent = time.time()
             ids = await client.submit_many(model, rows)
             submitted += n
             async for res in client.as_completed(ids, WAIT_TIMEOUT_S):
                 samples.append(sample_of(res, sent, time.time()))
 
+    await asyncio.gather(*(lane(i) for i in lanes))
+    return samples, submitted
+
+
+async def closed_loop(
+    client: AsyncClient, model: str, inputs: np.ndarray[Any, Any], *, chunk: int, lanes: int,
+    warmup_s: float, duration_s: float, meter: CpuMeter, max_requests: int | None = None,
+) -> ClosedLoopRun:
+    """The closed loop from this process (``bench --runtimes``); the fleet bench's measured
+    runs use producer processes (``batchfleet.bench.load``)."""
+    samples: list[Sample] = []
+    counts: list[int] = []
+    start = time.time()
+    stop_at = start + warmup_s + duration_s
     edges: list[CpuSnapshot] = []
+    cpu0 = time.process_time()
+
+    async def run() -> None:
+        got, sent = await closed_lanes(client, model, inputs, chunk=chunk, lanes=range(lanes),
+                                       total_lanes=lanes, stop_at=stop_at,
+                                       budget=Budget(max_requests))
+        samples.extend(got)
+        counts.append(sent)
 
     async def measure(work: asyncio.Future[Any]) -> None:
         # The window opens after the ramp-up and closes at the deadline, or when the
-        # request cap runs the lanes dry, whichever comes first. A cap so small that the
-        # lanes finish during the ramp-up leaves the whole run as the window.
+        # request cap runs the lanes dry, whichever comes first.
         at_start = meter.snapshot(start)
         await asyncio.wait({work}, timeout=warmup_s)
         edges.append(at_start if work.done() else meter.snapshot(time.time()))
         await asyncio.wait({work}, timeout=max(0.0, stop_at - time.time()))
         edges.append(meter.snapshot(time.time() if not work.done() else _last(samples)))
 
-    work = asyncio.gather(*(lane(i) for i in range(lanes)))
+    work = asyncio.ensure_future(run())
     await asyncio.gather(work, measure(work))
     first, last = edges
     window = in_window(samples, first.wall, last.wall)
-    return ClosedLoopRun(window, last.wall - first.wall, submitted, CpuMeter.usage(first, last))
+    return ClosedLoopRun(window, last.wall - first.wall, sum(counts),
+                         CpuMeter.usage(first, last), time.process_time() - cpu0, len(window))
 
 
 def _last(samples: list[Sample]) -> float:

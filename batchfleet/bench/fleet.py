@@ -70,12 +70,16 @@ def new_namespace(tag: str) -> str:
 
 @contextmanager
 def worker(svc: Services, transport: str, model: str, max_batch_size: int,
-           max_wait_ms: float, namespace: str) -> Iterator[WorkerProcess]:
-    """A real ``batchfleet worker`` subprocess, warmed up; SIGTERM-drained on exit."""
+           max_wait_ms: float, namespace: str, extra_args: tuple[str, ...] = ()
+           ) -> Iterator[WorkerProcess]:
+    """A real ``batchfleet worker`` subprocess, warmed up; SIGTERM-drained on exit.
+
+    ``extra_args`` are further worker options (e.g. ``--latency-slo-ms 20``)."""
     proc = WorkerProcess(
         svc.broker_for(transport), svc.redis_url, models=(model,), namespace=namespace,
         log_level="warning", env=dict(svc.worker_env),
-        extra_args=("--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms)))
+        extra_args=("--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
+                    *extra_args))
     with proc:
         proc.wait_ready()
         yield proc

@@ -45,6 +45,18 @@ DEFAULT_MODEL_PLANS = {
 
 
 @dataclass(frozen=True, slots=True)
+class SloPlan:
+    """The SLO row of the sweep: a worker run with ``--latency-slo-ms`` (it picks batch and
+    wait itself), saturated, then offered each of ``loads`` (fractions of its saturation)
+    with ``submit_many`` producers; fleet-side p99 is taken at each load."""
+
+    latency_slo_ms: float = 20.0
+    max_batch_size: int = 256
+    max_wait_ms: float = 20.0
+    loads: tuple[float, ...] = (0.1, 0.2, 0.4, 0.6, 0.8)
+
+
+@dataclass(frozen=True, slots=True)
 class SweepPlan:
     """The max_batch_size x max_wait_ms grid, run on one model over one transport."""
 
@@ -54,10 +66,22 @@ class SweepPlan:
     waits_ms: tuple[float, ...] = (1.0, 5.0, 20.0)
     #: Open-loop load, as a fraction of each point's own saturation, at which p99 is taken.
     load: float = 0.5
+    #: The SLO row (``--latency-slo-ms``); None: skip it.
+    slo: SloPlan | None = field(default_factory=SloPlan)
     #: "coalesced" (default) sends arrivals due together in one submit_many, so p99 shows
     #: the fleet's batching trade-off rather than the SDK's per-request submit cost
     #: (which the main latency table reports); "per-request" uses one submit each.
     submit_mode: str = "coalesced"
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """The cache bulk row: a bulk job of ``rows`` demo-encoder rows, half of them repeats
+    at least one batch apart, with ``--cache-ttl-s`` on and off."""
+
+    rows: int = 20_000
+    cache_ttl_s: float = 3600.0
+    max_batch_size: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +109,8 @@ class BenchPlan:
     #: Open loop: length of each offered-load phase.
     open_s: float = 10.0
     loads: tuple[float, ...] = LOADS
-    #: The diagnostic open-loop phase with coalesced submits (see ``open_loop``).
+    #: The open-loop phase with coalesced submits (one ``submit_many`` per tick, see
+    #: ``open_loop``): the issue's submit_many caller-side p99 target is taken here.
     coalesced_load: float | None = 0.5
     #: A phase during which other processes used more than ``noise_cores`` cores is run
     #: again, up to ``noise_retries`` times (the machine may be shared).
@@ -113,6 +138,13 @@ class BenchPlan:
     seed: int = 7
     #: The failure-isolation scenario (demo-mlp under a bad demo-encoder flood); opt-in.
     flood: FloodPlan | None = None
+    #: Load-generating producer processes per scenario (and for the broker-only loop).
+    producers: int = 2
+    #: The broker-only loop (XADD / XREADGROUP / XACK+XDEL, no decode, no model) per
+    #: transport, at demo-mlp's batch size and closed-loop window; off: skipped.
+    broker_loop: bool = True
+    #: The cache bulk row (``--cache-ttl-s`` on vs off); opt-in.
+    cache: CachePlan | None = None
 
     def validated(self) -> BenchPlan:
         for t in self.transports:
@@ -123,6 +155,8 @@ class BenchPlan:
                 raise ConfigError(f"bench drives {', '.join(MODELS)}, not {m.model!r}")
             if m.max_batch_size < 1 or m.chunk < 1 or m.chunks_in_flight < 1:
                 raise ConfigError(f"{m.model}: batch size and closed-loop window must be >= 1")
+        if self.producers < 1:
+            raise ConfigError("producers must be at least 1")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError("torch_threads must be at least 1")
         if not self.models or not self.transports:
@@ -140,4 +174,4 @@ def quick_plan(out_dir: Path) -> BenchPlan:
     return replace(
         full_plan(out_dir), quick=True, warmup_s=0.5, closed_s=2.0, open_s=2.0,
         ceiling_s=1.0, rq_classes=RQ_CLASSES[:2], rq_jobs=600, rq_slow_jobs=15, rq_pool=0,
-        sweep=None, coalesced_load=None, noise_retries=0)
+        sweep=None, noise_retries=0)

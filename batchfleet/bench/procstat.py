@@ -8,6 +8,7 @@ show honestly what shares the machine with the worker.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +66,19 @@ class CpuSnapshot:
 
 
 class CpuMeter:
-    """Labelled processes whose CPU time is read together, so a window's usage is a difference."""
+    """Labelled processes whose CPU time is read together, so a window's usage is a difference.
 
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = dict(pids)
+    A label may name several processes (the producer processes are one ``client``);
+    their CPU times are summed.
+    """
+
+    def __init__(self, pids: Mapping[str, int | Sequence[int]]) -> None:
+        self.pids: dict[str, tuple[int, ...]] = {
+            label: (pid,) if isinstance(pid, int) else tuple(pid) for label, pid in pids.items()}
 
     def snapshot(self, wall: float) -> CpuSnapshot:
-        seconds = {label: cpu_seconds(pid) for label, pid in self.pids.items()}
+        seconds = {label: sum(cpu_seconds(pid) for pid in pids)
+                   for label, pids in self.pids.items()}
         seconds[MACHINE] = system_busy_seconds()
         return CpuSnapshot(wall, seconds)
 

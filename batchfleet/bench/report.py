@@ -64,11 +64,12 @@ def throughput_table(report: dict[str, Any]) -> str:
             _fmt(split.get("mean_compute_ms"), 2), _fmt(split.get("mean_rest_ms"), 2),
             _fmt(t["worker_cpu_us_per_request"]),
             _fmt(t["worker_overhead_us_per_request"]["as_specified"]),
+            _fmt(t.get("client_cpu_us_per_request")),
             _util(t.get("cpu_util", {})),
         ))
     return table(("model", "transport", "batch / wait ms", "req/s", "ceiling req/s",
                   "e2e / ceiling", "mean batch", "queue ms", "compute ms", "rest ms",
-                  "worker CPU us/req", "overhead us/req",
+                  "worker CPU us/req", "overhead us/req", "client CPU us/req",
                   "CPU cores: worker / client / redis / kafka / other"), rows)
 
 
@@ -77,16 +78,19 @@ def latency_table(report: dict[str, Any]) -> str:
     for s in report.get("scenarios", []):
         points = [*s["latency"], *([s["latency_coalesced"]] if "latency_coalesced" in s else [])]
         for p in points:
-            lat = p["latency"]
-            load = f"{p['load']:.0%}" + (" coalesced" if p["submit_mode"] == "coalesced" else "")
-            rows.append((s["model"], s["transport"], load, _fmt(p["offered_rps"]),
-                         _fmt(p["achieved_rps"]), _fmt(lat["p50_ms"], 2), _fmt(lat["p95_ms"], 2),
-                         _fmt(lat["p99_ms"], 2), _fmt(lat["max_ms"], 2),
-                         _fmt(p["mean_batch_size"]), _fmt(p["submit_ms"]["p50"], 2),
-                         _fmt(p["start_lag_ms"]["p99"], 2)))
-    return table(("model", "transport", "load", "offered req/s", "achieved req/s", "p50 ms",
-                  "p95 ms", "p99 ms", "max ms", "mean batch", "submit p50 ms",
-                  "client lag p99 ms"), rows)
+            lat, fleet = p["latency"], p.get("latency_fleet", {})
+            style = "submit_many" if p["submit_mode"] == "coalesced" else "submit()"
+            rows.append((s["model"], s["transport"], f"{p['load']:.0%} {style}",
+                         _fmt(p["offered_rps"]), _fmt(p["achieved_rps"]),
+                         _fmt(lat["p50_ms"], 2), _fmt(lat["p95_ms"], 2), _fmt(lat["p99_ms"], 2),
+                         _fmt(fleet.get("p50_ms"), 2), _fmt(fleet.get("p95_ms"), 2),
+                         _fmt(fleet.get("p99_ms"), 2), _fmt(p["mean_batch_size"]),
+                         _fmt(p.get("client_cpu_us_per_request")),
+                         _fmt(p["submit_ms"]["p50"], 2), _fmt(p["start_lag_ms"]["p99"], 2)))
+    return table(("model", "transport", "load / submit style", "offered req/s",
+                  "achieved req/s", "caller p50 ms", "caller p95 ms", "caller p99 ms",
+                  "fleet p50 ms", "fleet p95 ms", "fleet p99 ms", "mean batch",
+                  "client CPU us/req", "submit p50 ms", "client lag p99 ms"), rows)
 
 
 def baselines_table(report: dict[str, Any]) -> str:
@@ -107,17 +111,57 @@ def baselines_table(report: dict[str, Any]) -> str:
                      f"{r['workers']} worker(s), {r['jobs']:,} jobs",
                      _fmt(r["jobs_per_s"]),
                      f"worker CPU {_fmt(r['worker_cpu_us_per_job'])} us/job"))
+    for loop in report.get("broker_loop", {}).values():
+        rows.append((f"broker-only loop: {loop['transport']}",
+                     f"{loop['payload_bytes']} B payloads, batch {loop['batch_size']}, "
+                     f"{loop['producers']} producer processes",
+                     _fmt(loop["msgs_per_s"]),
+                     f"no decode, no model; mean batch {_fmt(loop['mean_batch_size'])}; "
+                     f"consumer CPU {_fmt(loop['consumer_cpu_us_per_msg'], 2)} us/msg, "
+                     f"producers {_fmt(loop['client_cpu_us_per_msg'], 2)} us/msg"))
     return table(("baseline", "setting", "req/s", "notes"), rows)
+
+
+def slo_table(report: dict[str, Any]) -> str:
+    slo = report.get("sweep_slo") or {}
+    if slo.get("skipped"):
+        return f"SLO row (--latency-slo-ms {slo['latency_slo_ms']:g}) skipped: {slo['skipped']}"
+    best = slo.get("best_fixed") or {}
+    head = (f"Worker with --latency-slo-ms {slo['latency_slo_ms']:g} (max_batch_size "
+            f"{slo['max_batch_size']}, max_wait_ms {slo['max_wait_ms']:g}): saturation "
+            f"{_fmt(slo['throughput_rps'])} req/s, {_fmt(slo.get('throughput_vs_best_fixed'), 2)}"
+            f"x the best fixed setting ({best.get('max_batch_size')} / "
+            f"{_fmt(best.get('max_wait_ms'), 0)} ms: {_fmt(best.get('throughput_rps'))} "
+            "req/s); submit_many producers.\n\n")
+    rows = [(f"{p['load']:.0%}", _fmt(p["offered_rps"]), _fmt(p["achieved_rps"]),
+             _fmt(p["fleet_p50_ms"], 2), _fmt(p["fleet_p95_ms"], 2), _fmt(p["fleet_p99_ms"], 2),
+             _fmt(p["caller_p99_ms"], 2), _fmt(p["mean_batch_size"]))
+            for p in slo.get("points", [])]
+    return head + table(("load", "offered req/s", "achieved req/s", "fleet p50 ms",
+                         "fleet p95 ms", "fleet p99 ms", "caller p99 ms", "mean batch"), rows)
+
+
+def cache_table(report: dict[str, Any]) -> str:
+    c = report.get("cache_bulk") or {}
+    if c.get("skipped"):
+        return f"Cache bulk row skipped: {c['skipped']}"
+    rows = [(label, _fmt(c[key]["wall_s"], 2), _fmt(c[key]["rows_per_s"]))
+            for label, key in (("cache off", "cache_off"), ("cache on", "cache_on"))
+            if key in c]
+    return (f"{c['rows']:,} demo-encoder rows, {c['repeats']:,} repeats at least one batch "
+            f"apart; speedup {_fmt(c.get('speedup'), 2)}x.\n\n"
+            + table(("bulk job", "wall s", "rows/s"), rows))
 
 
 def sweep_table(report: dict[str, Any]) -> str:
     rows = [(p["max_batch_size"], _fmt(p["max_wait_ms"], 0), _fmt(p["throughput_rps"]),
              f"{p['load']:.0%} {p.get('submit_mode', 'per-request')}",
              _fmt(p["offered_rps"]), _fmt(p["p50_ms"], 2), _fmt(p["p99_ms"], 2),
-             _fmt(p["mean_batch_size"]))
+             _fmt(p.get("fleet_p99_ms"), 2), _fmt(p["mean_batch_size"]))
             for p in report.get("sweep", [])]
     return table(("max_batch_size", "max_wait_ms", "saturation req/s", "open-loop load",
-                  "offered req/s", "p50 ms", "p99 ms", "mean batch"), rows)
+                  "offered req/s", "caller p50 ms", "caller p99 ms", "fleet p99 ms",
+                  "mean batch"), rows)
 
 
 def profile_table(report: dict[str, Any], top: int = 10) -> str:
@@ -150,7 +194,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                  "against the ceiling are unreliable. Re-run on a quiet machine.\n")
     sections = [head, "## Targets\n", targets_table(report),
                 "\n## Throughput (closed loop, saturated)\n", throughput_table(report),
-                "\n## Latency (open loop, Poisson, submit to result available)\n",
+                "\n## Latency (open loop, Poisson; caller-side: scheduled arrival to result "
+                "in the caller; fleet-side: enqueued_at to finished_at)\n",
                 latency_table(report), "\n## Baselines (same run, same machine)\n",
                 baselines_table(report)]
     if report.get("flood"):
@@ -160,6 +205,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                      flood_table(report)]
     if report.get("sweep"):
         sections += ["\n## Sweep\n", sweep_table(report)]
+    if report.get("sweep_slo"):
+        sections += ["\n## Sweep: SLO row (fleet-side latency)\n", slo_table(report)]
+    if report.get("cache_bulk"):
+        sections += ["\n## Cache bulk row\n", cache_table(report)]
     if report.get("profiles"):
         sections += ["\n## Profile (py-spy, separate passes)\n", profile_table(report)]
     return "\n".join(sections) + "\n"

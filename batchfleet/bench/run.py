@@ -24,15 +24,17 @@ from typing import Any
 
 import torch
 
+from batchfleet.bench.broker_loop import broker_loop
+from batchfleet.bench.cache_row import run_cache_row
 from batchfleet.bench.ceiling import model_ceiling
-from batchfleet.bench.fleet import services
+from batchfleet.bench.fleet import Services, new_namespace, services
 from batchfleet.bench.flood import run_flood
 from batchfleet.bench.naive_rq import naive_rq
-from batchfleet.bench.plan import BenchPlan
+from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, BenchPlan
 from batchfleet.bench.profiling import py_spy, summarize
 from batchfleet.bench.report import render_markdown
 from batchfleet.bench.scenario import Phases, ProfilerFactory, run_scenario
-from batchfleet.bench.sweep import run_sweep
+from batchfleet.bench.sweep import run_slo_row, run_sweep
 from batchfleet.bench.targets import evaluate
 from batchfleet.connectors.embedded_redis import find_redis_server
 
@@ -86,8 +88,9 @@ def machine_meta(plan: BenchPlan, threads: int) -> dict[str, Any]:
         "machine": (f"Commit {_git_commit()}; {cpus} CPUs ({_cpu_model()}), torch "
                     f"{torch.__version__} with {threads} threads, Python "
                     f"{platform.python_version()}, RQ {rq.__version__}. "
-                    "The client (this process), Redis, Kafka (Tansu) and the worker share "
-                    "these CPUs; 'other' is machine-wide busy time outside them."),
+                    f"The client ({plan.producers} producer processes), Redis, Kafka (Tansu) "
+                    "and the worker share these CPUs; 'other' is machine-wide busy time "
+                    "outside them."),
     }
 
 
@@ -175,6 +178,68 @@ def _plot_title(report: dict[str, Any]) -> str:
             f"processes, {threads} torch thread{'s' if threads != 1 else ''})")
 
 
+def _baselines(plan: BenchPlan, svc: Services, report: dict[str, Any],
+               worker_env: tuple[tuple[str, str], ...], say: Progress) -> None:
+    """Naive RQ, then the broker-only loop: each alone with its servers."""
+    if plan.rq_classes:
+        say(f"naive RQ on the same Redis: {', '.join(plan.rq_classes)}")
+        report["naive_rq"] = naive_rq(svc.redis_url, plan.rq_classes, plan.rq_jobs,
+                                      plan.rq_slow_jobs, plan.rq_pool, dict(worker_env))
+        _save(plan, report, complete=False)
+    if plan.broker_loop:
+        report["broker_loop"] = _broker_loops(plan, svc, say)
+        _save(plan, report, complete=False)
+
+
+def _broker_loops(plan: BenchPlan, svc: Services, say: Progress) -> dict[str, Any]:
+    """Baseline (c) per transport, at demo-mlp's batch size and closed-loop window."""
+    mlp = next((m for m in plan.models if m.model == "demo-mlp"), DEFAULT_MODEL_PLANS["demo-mlp"])
+    out = {}
+    for transport in plan.transports:
+        say(f"broker-only loop over {transport}: batch {mlp.max_batch_size}, "
+            f"{plan.producers} producer processes")
+        out[transport] = broker_loop(
+            transport, svc.broker_for(transport), svc.server_pids(),
+            batch=mlp.max_batch_size, window=mlp.chunk * mlp.chunks_in_flight,
+            producers=plan.producers, warmup_s=plan.warmup_s, duration_s=plan.closed_s,
+            namespace=new_namespace(f"loop-{transport}"))
+    return out
+
+
+def _sweep_stage(plan: BenchPlan, svc: Services, report: dict[str, Any], threads: int,
+                 say: Progress) -> None:
+    """The batch x wait grid, then its SLO row; both into ``report``."""
+    sweep = plan.sweep
+    assert sweep is not None
+    say(f"sweep: {sweep.model} over {sweep.transport}, batch {sweep.batch_sizes} x "
+        f"wait {sweep.waits_ms} ms")
+    ceiling = report["ceilings"].get(sweep.model) or model_ceiling(
+        sweep.model, 64, plan.ceiling_s, threads)
+    cpu_per_wall = ceiling["handler"]["cpu_per_wall"]
+    phases = Phases(plan.warmup_s, plan.sweep_closed_s, plan.sweep_open_s, (sweep.load,),
+                    plan.max_requests, None, plan.noise_retries, plan.noise_cores,
+                    plan.producers)
+    report["sweep"] = run_sweep(svc, sweep, phases, model_cpu_per_wall=cpu_per_wall,
+                                seed=plan.seed)
+    if sweep.slo is not None:
+        say(f"sweep SLO row: --latency-slo-ms {sweep.slo.latency_slo_ms:g}, open loop at "
+            f"{', '.join(f'{x:.0%}' for x in sweep.slo.loads)} of saturation")
+        report["sweep_slo"] = run_slo_row(svc, sweep, phases, report["sweep"],
+                                          model_cpu_per_wall=cpu_per_wall, seed=plan.seed)
+        if "skipped" in report["sweep_slo"]:
+            say(f"sweep SLO row skipped: {report['sweep_slo']['skipped']}")
+
+
+def _cache_stage(plan: BenchPlan, svc: Services, report: dict[str, Any],
+                 say: Progress) -> None:
+    assert plan.cache is not None
+    say(f"cache bulk row: {plan.cache.rows:,} demo-encoder rows, half repeats, "
+        "--cache-ttl-s on vs off")
+    report["cache_bulk"] = run_cache_row(svc, plan.cache, plan.seed)
+    if "skipped" in report["cache_bulk"]:
+        say(f"cache bulk row skipped: {report['cache_bulk']['skipped']}")
+
+
 def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str, Any]:
     """Run ``plan``; returns the report and writes ``bench.json`` and ``bench.md``."""
     plan = plan.validated()
@@ -195,16 +260,12 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
         report["ceilings"][m.model] = model_ceiling(m.model, m.max_batch_size, plan.ceiling_s,
                                                     threads)
     phases = Phases(plan.warmup_s, plan.closed_s, plan.open_s, plan.loads, plan.max_requests,
-                    plan.coalesced_load, plan.noise_retries, plan.noise_cores)
+                    plan.coalesced_load, plan.noise_retries, plan.noise_cores, plan.producers)
     profiles: dict[str, Any] = {}
     need_kafka = "kafka" in plan.transports or (
         plan.flood is not None and plan.flood.transport == "kafka")
     with services(plan.redis_url, plan.kafka_url, need_kafka, worker_env) as svc:
-        if plan.rq_classes:
-            say(f"naive RQ on the same Redis: {', '.join(plan.rq_classes)}")
-            report["naive_rq"] = naive_rq(svc.redis_url, plan.rq_classes, plan.rq_jobs,
-                                          plan.rq_slow_jobs, plan.rq_pool, dict(worker_env))
-            _save(plan, report, complete=False)
+        _baselines(plan, svc, report, worker_env, say)
         report["scenarios"] = []
         for transport in plan.transports:
             for m in plan.models:
@@ -223,16 +284,10 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
             report["flood"] = run_flood(svc, flood, plan.seed)
             _save(plan, {**report, "profiles": profiles}, complete=False)
         if plan.sweep is not None:
-            sweep = plan.sweep
-            say(f"sweep: {sweep.model} over {sweep.transport}, batch {sweep.batch_sizes} x "
-                f"wait {sweep.waits_ms} ms")
-            ceiling = report["ceilings"].get(sweep.model) or model_ceiling(
-                sweep.model, 64, plan.ceiling_s, threads)
-            report["sweep"] = run_sweep(
-                svc, sweep, Phases(plan.warmup_s, plan.sweep_closed_s, plan.sweep_open_s,
-                                   (sweep.load,), plan.max_requests, None,
-                                   plan.noise_retries, plan.noise_cores),
-                model_cpu_per_wall=ceiling["handler"]["cpu_per_wall"], seed=plan.seed)
+            _sweep_stage(plan, svc, report, threads, say)
+            _save(plan, {**report, "profiles": profiles}, complete=False)
+        if plan.cache is not None:
+            _cache_stage(plan, svc, report, say)
     for m in plan.models:
         # Measured again now that every server and worker is gone, and the faster of the
         # two kept per loop: a ceiling is an upper bound, and outside load during one of

@@ -20,7 +20,13 @@ from batchfleet.schemas.envelopes import Result
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One request: when it was sent and answered (wall clock), and what the worker reported."""
+    """One request: when it was sent and answered (wall clock), and what the worker reported.
+
+    ``sent`` is the caller's clock (the scheduled arrival in the open loop), ``done``
+    when the result reached the caller; ``enqueued_at`` and ``finished_at`` are the
+    Result's own stamps (SDK enqueue, worker's terminal write), so two latencies exist:
+    caller-side (``latency_ms``) and fleet-side (``fleet_ms``).
+    """
 
     sent: float
     done: float
@@ -28,15 +34,29 @@ class Sample:
     queue_ms: float
     compute_ms: float
     batch_size: int
+    enqueued_at: float = 0.0
+    finished_at: float = 0.0
 
     @property
     def latency_ms(self) -> float:
         return (self.done - self.sent) * 1000.0
 
+    @property
+    def fleet_ms(self) -> float:
+        """Enqueue to ``finished_at``: the fleet's share, without the caller's own delays."""
+        if not self.enqueued_at or not self.finished_at:
+            return math.nan
+        return (self.finished_at - self.enqueued_at) * 1000.0
+
+    def as_row(self) -> tuple[float, float, str, float, float, int, float, float]:
+        """A plain tuple: cheap to pickle back from a producer process."""
+        return (self.sent, self.done, self.status, self.queue_ms, self.compute_ms,
+                self.batch_size, self.enqueued_at, self.finished_at)
+
 
 def sample_of(result: Result, sent: float, done: float) -> Sample:
     return Sample(sent, done, result.status, result.queue_ms or 0.0, result.compute_ms or 0.0,
-                  result.batch_size or 0)
+                  result.batch_size or 0, result.enqueued_at or 0.0, result.finished_at or 0.0)
 
 
 def in_window(samples: Sequence[Sample], start: float, end: float) -> list[Sample]:
@@ -48,12 +68,15 @@ def _r(value: float, digits: int = 3) -> float:
     return round(value, digits) if math.isfinite(value) else value
 
 
-def latency_summary(samples: Sequence[Sample]) -> dict[str, float]:
-    """p50/p95/p99/max/mean of submit-to-result-available latency, in ms."""
-    if not samples:
+def latency_summary(samples: Sequence[Sample], fleet: bool = False) -> dict[str, float]:
+    """p50/p95/p99/max/mean in ms: caller-side (submit or scheduled arrival to result
+    available at the caller), or with ``fleet`` the Result's enqueued_at to finished_at."""
+    values = [s.fleet_ms if fleet else s.latency_ms for s in samples]
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
         nan = float("nan")
         return {"p50_ms": nan, "p95_ms": nan, "p99_ms": nan, "max_ms": nan, "mean_ms": nan}
-    lat = np.fromiter((s.latency_ms for s in samples), dtype=np.float64, count=len(samples))
+    lat = np.asarray(values, dtype=np.float64)
     p50, p95, p99 = np.percentile(lat, [50, 95, 99])
     return {"p50_ms": _r(float(p50)), "p95_ms": _r(float(p95)), "p99_ms": _r(float(p99)),
             "max_ms": _r(float(lat.max())), "mean_ms": _r(float(lat.mean()))}

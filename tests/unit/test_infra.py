@@ -61,6 +61,9 @@ KEDA_METADATA = {
                       "streamLength", "lagCount", "activationLagCount", "databaseIndex",
                       "enableTLS", "unsafeSsl", "addressFromEnv", "hostFromEnv", "portFromEnv",
                       "usernameFromEnv", "passwordFromEnv"},
+    "prometheus": {"serverAddress", "query", "threshold", "activationThreshold", "namespace",
+                   "customHeaders", "ignoreNullValues", "queryParameters", "unsafeSsl",
+                   "authModes"},
 }
 
 
@@ -216,8 +219,12 @@ def test_keda_triggers_cover_every_model_and_lane_with_the_codes_names() -> None
     assert kafka["maxReplicaCount"] <= int(env["BATCHFLEET_KAFKA_PARTITIONS"])
 
     redis = _one("ScaledObject", "batchfleet-worker-redis")["spec"]
-    metas = [t["metadata"] for t in redis["triggers"]]
-    assert {t["type"] for t in redis["triggers"]} == {"redis-streams"}
+    metas = [t["metadata"] for t in redis["triggers"] if t["type"] == "redis-streams"]
+    assert {t["type"] for t in redis["triggers"]} == {"redis-streams", "prometheus"}
+    # sharded lanes (--lane-shards): KEDA takes the max across triggers, so one more trigger
+    # scales on the backlog summed over every lane and shard (the gauge sums a lane's shards)
+    (summed,) = [t["metadata"] for t in redis["triggers"] if t["type"] == "prometheus"]
+    assert summed["query"].startswith("sum(") and "batchfleet_backlog" in summed["query"]
     assert sorted(m["stream"] for m in metas) == sorted(
         names.stream(m, lane) for m in models for lane in LANES)
     assert {m["address"] for m in metas} == {redis_host}

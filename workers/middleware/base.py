@@ -12,10 +12,11 @@ them in order and is what the worker (and ``ResultWriter``) call.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from batchfleet.connectors.broker import Consumer, Delivery
+from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.intake import Answer, Intake, Job
 from batchfleet.workers.runner import BatchRun
@@ -41,6 +42,18 @@ class BatchKey:
 class Batch:
     key: BatchKey
     jobs: list[Job]
+    #: Jobs a middleware answered without computing them (the result cache), taken out of
+    #: ``jobs``: the worker writes and acks them after ``before_compute`` (answers ready
+    #: then) and with the batch's own results after ``after_compute`` (answers made from
+    #: its outputs), as it does ``Intake.answers`` / ``Intake.failed`` after decode.
+    answered: list[Answer] = field(default_factory=list)
+    failed: list[tuple[Job, ErrorInfo]] = field(default_factory=list)
+
+    def take_answered(self) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
+        """What middleware answered so far, handed over once (the lists start empty again)."""
+        answered, failed = self.answered, self.failed
+        self.answered, self.failed = [], []
+        return answered, failed
 
 
 class Middleware:
@@ -78,7 +91,8 @@ class Middleware:
         """Move jobs to ``intake.failed`` / ``intake.finished`` or mark them solo."""
 
     async def before_compute(self, batch: Batch) -> bool:
-        """False holds the batch back: this middleware now owns it (see ``take_held``)."""
+        """False holds the batch back: this middleware now owns it (see ``take_held``).
+        A job answered without compute moves from ``batch.jobs`` to ``batch.answered``."""
         return True
 
     def take_held(self) -> Batch | None:
@@ -99,7 +113,8 @@ class Middleware:
         letting it through took (a half-open breaker's probe, a suspect's solo mark)."""
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
-        """The batch ran (its outputs, or each request's error, are in ``run``)."""
+        """The batch ran (its outputs, or each request's error, are in ``run``); answers made
+        from them for jobs taken out before compute go to ``batch.answered`` / ``failed``."""
 
     async def before_write(self, answers: Sequence[Answer]) -> None:
         """Answers with a ``callback_url``, before their results are written and acked.

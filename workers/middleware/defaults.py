@@ -19,10 +19,12 @@ from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
+from batchfleet.workers.middleware.result_cache import result_cache
 from batchfleet.workers.middleware.rollout_guard import RolloutGuard
 from batchfleet.workers.middleware.rollout_stats import PolicyCache, VersionStats
 from batchfleet.workers.middleware.routing import Routing
 from batchfleet.workers.middleware.shadow import Shadow
+from batchfleet.workers.middleware.slo import slo_batching
 from batchfleet.workers.middleware.stats import Stats
 from batchfleet.workers.middleware.tracing import Tracing
 from batchfleet.workers.middleware.webhooks import Webhooks
@@ -47,6 +49,8 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
+              *result_cache(s.cache_ttl_s, metrics),  # after Routing: the key holds the version
+              *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
               Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
