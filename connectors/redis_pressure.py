@@ -7,7 +7,7 @@ second, and by readiness checks for the eviction policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -41,15 +41,23 @@ class RedisPressure:
 
 
 async def read_pressure(client: aioredis.Redis, names: Names,
-                        lanes: Sequence[tuple[str, str]] = ()) -> RedisPressure:
+                        lanes: Sequence[tuple[str, str]] = (),
+                        shards: Mapping[str, int] | None = None) -> RedisPressure:
+    """Memory, and each (model, lane)'s depth summed over its ``shards[model]`` streams."""
     pipe = client.pipeline(transaction=False)
     pipe.info("memory")
-    for model, lane in lanes:
-        pipe.xlen(names.stream(model, lane))
+    counts = [(shards or {}).get(model, 1) for model, _ in lanes]
+    for (model, lane), k in zip(lanes, counts, strict=True):
+        for stream in names.shard_streams(model, lane, k):
+            pipe.xlen(stream)
     with wrap_errors(TransportError, "cannot read Redis memory"):
-        info, *depths = await pipe.execute()
+        info, *lengths = await pipe.execute()
+    depths: dict[tuple[str, str], int] = {}
+    at = 0
+    for key, k in zip(lanes, counts, strict=True):
+        depths[key] = sum(int(n) for n in lengths[at:at + k])
+        at += k
     policy = info.get("maxmemory_policy", "noeviction")
     return RedisPressure(
         int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
-        policy.decode() if isinstance(policy, bytes) else str(policy),
-        {lane: int(d) for lane, d in zip(lanes, depths, strict=True)})
+        policy.decode() if isinstance(policy, bytes) else str(policy), depths)

@@ -111,9 +111,11 @@ class RedisStreamsPublisher:
         with wrap_errors(TransportError, "XADD to Redis failed"):
             await self._xadd_many(keys=list(by_stream), args=args)
 
-    async def pressure(self, lanes: Sequence[tuple[str, str]]) -> RedisPressure:
-        """Memory and the depth of these (model, lane)s, in one round trip (admission)."""
-        return await read_pressure(self._redis, self._names, lanes)
+    async def pressure(self, lanes: Sequence[tuple[str, str]],
+                       shards: Mapping[str, int] | None = None) -> RedisPressure:
+        """Memory and the depth of these (model, lane)s summed over their shards, in one
+        round trip (admission)."""
+        return await read_pressure(self._redis, self._names, lanes, shards)
 
     async def close(self) -> None:
         await self._redis.aclose()

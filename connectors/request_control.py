@@ -36,6 +36,7 @@ from redis.exceptions import ResponseError
 
 from batchfleet.connectors.dead_letters import Undecodable, UndecodableSink
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.connectors.redis_streams import PAYLOAD_FIELD
 from batchfleet.connectors.result_store import ResultStore, TerminalWrite
 from batchfleet.connectors.urls import BrokerURL
@@ -213,7 +214,7 @@ class RequestControl:
         two pipelined round trips, bounded by the pending entries, never a scan."""
         if self._lanes is None or not wanted:
             return set()
-        streams = [self._names.stream(m, lane) for m in sorted(models) if m for lane in LANES]
+        streams = await self._shard_streams(sorted(m for m in models if m), LANES)
         group = self._names.consumer_group
         pipe = self._lanes.pipeline(transaction=False)
         for stream in streams:
@@ -243,11 +244,23 @@ class RequestControl:
         if self._lanes is None:
             raise ConfigError("lane purge needs Redis Streams: Kafka cannot delete records "
                               "from a topic (cancel the request IDs instead: batchfleet cancel)")
+        k = (await self._shard_counts([model]))[model]
         pipe = self._lanes.pipeline(transaction=False)
         for lane in lanes:
-            pipe.xlen(self._names.stream(model, lane))
+            for stream in self._names.shard_streams(model, lane, k):
+                pipe.xlen(stream)
         with wrap_errors(TransportError, f"cannot read {model}'s lanes"):
-            return {lane: int(n) for lane, n in zip(lanes, await pipe.execute(), strict=True)}
+            lengths = [int(n) for n in await pipe.execute()]
+        return {lane: sum(lengths[i * k:(i + 1) * k]) for i, lane in enumerate(lanes)}
+
+    async def _shard_counts(self, models: Sequence[str]) -> dict[str, int]:
+        """How many shard streams each model's lanes may hold work on (sharded lanes)."""
+        return await RedisModelRegistry(self._store.redis, self._names).consumed_shards(models)
+
+    async def _shard_streams(self, models: Sequence[str], lanes: Sequence[str]) -> list[str]:
+        counts = await self._shard_counts(models)
+        return [stream for m in models for lane in lanes
+                for stream in self._names.shard_streams(m, lane, counts[m])]
 
     async def purge_lane(self, model: str, lane: str) -> PurgeReport:
         """Empty one lane: ``cancelled`` for every entry no worker holds, then delete it.
@@ -259,14 +272,21 @@ class RequestControl:
             raise ConfigError("lane purge needs Redis Streams: Kafka cannot delete records "
                               "from a topic (cancel the request IDs instead: batchfleet cancel)")
         report = PurgeReport(model)
-        stream, group = self._names.stream(model, lane), self._names.consumer_group
+        for stream in await self._shard_streams([model], [lane]):
+            await self._purge_stream(model, lane, stream, report)
+        return report
+
+    async def _purge_stream(self, model: str, lane: str, stream: str, report: PurgeReport
+                            ) -> None:
+        assert self._lanes is not None  # purge_lane refused Kafka
+        group = self._names.consumer_group
         cursor = "-"
         while True:
             with wrap_errors(TransportError, f"cannot read lane {model}/{lane}"):
                 page: list[Any] = list(await self._lanes.xrange(stream, cursor, "+", PAGE)
                                        or ())
                 if not page:
-                    return report
+                    return
                 first, last = page[0][0], page[-1][0]
                 try:
                     held = {p["message_id"] for p in await self._lanes.xpending_range(

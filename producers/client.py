@@ -160,7 +160,7 @@ class AsyncClient:
         """One reading per Redis: the broker's (with lane depths) and, if apart, the store's."""
         reads: list[Awaitable[RedisPressure]] = []
         if isinstance(self._publisher, RedisStreamsPublisher):
-            reads.append(self._publisher.pressure(lanes))
+            reads.append(self._publisher.pressure(lanes, self._shards))
         if not self._results_on_broker:
             reads.append(self._store.pressure())
         return list(await asyncio.gather(*reads))

@@ -175,3 +175,28 @@ async def test_lowering_k_strands_nothing_and_lost_shards_heal(redis_url: str) -
     finally:
         await registry.close()
         await redis.aclose()
+
+
+async def test_lane_depth_admission_and_purge_cover_every_shard(redis_url: str) -> None:
+    """What an operator runs on a sharded lane sees all of it: `lane purge`'s depth and
+    purge, and the producer's admission depth, sum the K shard streams."""
+    from batchfleet.connectors import open_result_store
+    from batchfleet.connectors.request_control import open_request_control
+
+    await _seed_shards(redis_url, 4)
+    rows = np.random.default_rng(3).random((200, 10), dtype=np.float32)
+    async with AsyncClient(redis_url) as client:  # no worker: everything stays queued
+        ids = await client.submit_many(MODEL, rows)
+        pressure = (await client._pressure([(MODEL, "interactive")]))[0]
+    assert sum(await _depths(redis_url)) == 200 and min(await _depths(redis_url)) > 0
+    assert pressure.depths[(MODEL, "interactive")] == 200
+    store = open_result_store(redis_url, NAMES)
+    control = open_request_control(BrokerURL.parse(redis_url), store)
+    try:
+        assert await control.lane_depths(MODEL, ["interactive"]) == {"interactive": 200}
+        report = await control.purge_lane(MODEL, "interactive")
+        assert sorted(report.cancelled) == sorted(ids) and report.held == 0
+        assert await _depths(redis_url) == [0, 0, 0, 0]
+    finally:
+        await control.close()
+        await store.close()
