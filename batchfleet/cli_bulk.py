@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -71,12 +71,27 @@ def _jobs_call(broker: str, results: str | None, namespace: str,
 @bulk_app.command()
 def run(
     model: Annotated[str, typer.Option("--model", "-m", help="Model name, as workers serve it.")],
-    input: Annotated[Path, typer.Option("--input", "-i", help=".jsonl, .parquet or .npy file.")],
-    output: Annotated[Path, typer.Option("--output", "-o",
-                                         help="Output file, same format family as the input.")],
+    input: Annotated[str, typer.Option(
+        "--input", "-i", help=".jsonl, .parquet or .npy file; or a dataset of Parquet or "
+                              "JSONL parts: a directory, a glob, or s3://bucket/prefix.")],
+    output: Annotated[str, typer.Option(
+        "--output", "-o", help="Output file, same format family as the input; for a dataset, "
+                               "a directory or s3://bucket/prefix (one part per input part).")],
     broker: BrokerOpt,
     errors: Annotated[Path | None, typer.Option(
-        help="Failed rows (JSONL). Default: OUTPUT's stem + .JOB_ID.errors.jsonl.")] = None,
+        help="Failed rows (JSONL). Default: OUTPUT's stem + .JOB_ID.errors.jsonl "
+             "(a dataset: OUTPUT/_errors/PART.errors.jsonl).")] = None,
+    shard: Annotated[str | None, typer.Option(
+        help="Dataset: run only shard K of N (K/N): the parts whose index is K-1 mod N. "
+             "Each shard resumes on its own; `bulk status JOB` adds them up.")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(
+        help="S3-compatible endpoint, http(s)://host:port. Default: AWS_ENDPOINT_URL_S3 or "
+             "AWS_ENDPOINT_URL; credentials and region from the usual AWS_* variables.")
+    ] = None,
+    staging_dir: Annotated[Path | None, typer.Option(
+        envvar="BATCHFLEET_BULK_STAGING_DIR",
+        help="Dataset: where parts are written before they are published. Default: under "
+             "the output directory, or the temp directory for S3 outputs.")] = None,
     job_id: Annotated[str | None, typer.Option(
         envvar="BATCHFLEET_BULK_JOB_ID",
         help="Run again with the same ID to resume. Default: a new ID (printed).")] = None,
@@ -115,7 +130,8 @@ def run(
     stall_s: Annotated[float, typer.Option(
         help="Publish rows again when they have no result for this long.")] = 600.0,
     part_rows: Annotated[int, typer.Option(
-        help="Parquet: rows per durable part file (the resume granularity).")] = 65_536,
+        help="Parquet: rows per durable checkpoint file while writing (the resume "
+             "granularity; not a dataset's parts).")] = 65_536,
     namespace: NamespaceOpt = "bf",
     log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
                                             help="auto, json or console.")] = "auto",
@@ -125,11 +141,14 @@ def run(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the final report as JSON instead of a table.")] = False,
 ) -> None:
-    """Score a file through the fleet, resumably; print a summary.
+    """Score a file, or a dataset of parts, through the fleet, resumably; print a summary.
 
     Rows go on the low-priority `bulk` lane with at most `--window` in flight.
     The output keeps `custom_id` (or the row index), `status` and `outputs`, in
-    input order; failed rows also go to the errors file. Exit code: 0 done, 1
+    input order; failed rows also go to the errors file. A dataset (a
+    directory, a glob or an `s3://` prefix of Parquet or JSONL parts) gets one
+    output part per input part, each appearing only once complete; `--shard
+    K/N` splits the parts between runners. Exit code: 0 done, 1
     more failures than `--max-failure-rate` (or the first rows all failed the
     same way), 2 bad usage or input, or an output the job's state counts on is
     missing, 3 cancelled, 4 the job ID is busy or belongs to another input, 130
@@ -144,6 +163,10 @@ def run(
         batchfleet bulk run -m demo-mlp -i x.parquet -o y.parquet --feature-columns f0,f1,f2
 
         batchfleet bulk run -m demo-mlp -i x.npy -o y.npy --job-id nightly-20250101 --retry-failed
+
+        batchfleet bulk run -m demo-mlp -i s3://data/in -o s3://data/out --job-id n1 --shard 1/4
+
+        batchfleet bulk run -m demo-mlp -i 'parts/*.jsonl' -o scored/ --job-id n1
     """
     from batchfleet.producers.bulk import (
         BarProgress,
@@ -152,7 +175,6 @@ def run(
         Endpoints,
         InputFormatError,
         JobConflictError,
-        JobSpec,
         LogProgress,
         NoProgress,
         OutputMissingError,
@@ -160,7 +182,6 @@ def run(
         Tuning,
         exit_code,
         new_job_id,
-        run_job,
         summary_table,
     )
     from batchfleet.producers.bulk.job import describe
@@ -176,23 +197,24 @@ def run(
         progress = "bar" if sys.stderr.isatty() else "log"
     if progress not in reporters:
         raise fail(f"--progress must be auto, bar, log or none, not {progress!r}")
+    endpoints = Endpoints(broker, results, namespace)
     try:
-        spec = JobSpec.create(job_id, model, input, output, errors, dtype=dtype,
-                              input_column=input_column, feature_columns=features,
-                              id_column=id_column, max_line_bytes=max_line_bytes,
-                              version=version)
         tuning = Tuning(window=window, stall_s=stall_s, part_rows=part_rows,
                         early_stop_rows=early_stop_rows,
                         early_stop_rate=early_stop_rate).validated()
         if restart and retry_failed:
             raise ConfigError("--restart and --retry-failed cannot be combined")
+        options: dict[str, Any] = {
+            "dtype": dtype, "input_column": input_column, "feature_columns": features,
+            "id_column": id_column, "max_line_bytes": max_line_bytes, "version": version}
+        main = _job_main(job_id, model, input, output, errors, shard, s3_endpoint,
+                         staging_dir, options, endpoints, tuning, reporters[progress](),
+                         retry_failed, restart)
     except (ConfigError, InputFormatError) as exc:
         raise fail(str(exc)) from exc
     typer.secho(f"bulk job {job_id} (run again with --job-id {job_id} to resume)", err=True)
     try:  # SIGTERM (Kubernetes) stops it as Ctrl-C does: checkpoint, cursor back
-        report = run_stoppable(run_job(spec, Endpoints(broker, results, namespace),
-                                       tuning=tuning, progress=reporters[progress](),
-                                       retry_failed=retry_failed, restart=restart))
+        report = run_stoppable(main)
     except KeyboardInterrupt:
         raise fail(f"interrupted; progress is saved: resume with --job-id {job_id}",
                    130) from None
@@ -215,13 +237,47 @@ def run(
     raise typer.Exit(exit_code(report, max_failure_rate))
 
 
+def _job_main(job_id: str, model: str, input: str, output: str, errors: Path | None,
+              shard: str | None, s3_endpoint: str | None, staging_dir: Path | None,
+              options: dict[str, Any], endpoints: Any, tuning: Any, progress: Any,
+              retry_failed: bool, restart: bool) -> Coroutine[Any, Any, Any]:
+    """The run to make: one file (``run_job``) or this runner's parts of a dataset."""
+    import os
+
+    from batchfleet.producers.bulk import JobSpec, run_job
+    from batchfleet.producers.bulk.dataset import (
+        DatasetSpec,
+        Shard,
+        check_dataset_flags,
+        is_dataset,
+    )
+    from batchfleet.producers.bulk.dataset_job import run_dataset
+    from batchfleet.producers.bulk.storage import S3Options, is_remote
+    from batchfleet.schemas.errors import ConfigError
+
+    if is_dataset(input) or is_remote(output):
+        check_dataset_flags(input, errors, retry_failed)
+        job = DatasetSpec.create(job_id, model, input, output, shard=Shard.parse(shard),
+                                 s3=S3Options.from_env(os.environ, s3_endpoint),
+                                 staging=staging_dir, **options)  # AWS_* read here, once
+        return run_dataset(job, endpoints, tuning=tuning, progress=progress, restart=restart)
+    if shard is not None:
+        raise ConfigError(f"--shard splits a dataset's parts between runners; the input "
+                          f"{input} is one file")
+    spec = JobSpec.create(job_id, model, Path(input), Path(output), errors, **options)
+    return run_job(spec, endpoints, tuning=tuning, progress=progress,
+                   retry_failed=retry_failed, restart=restart)
+
+
 def _record_json(record: Any) -> dict[str, Any]:
-    pos = record.position
     return {"job_id": record.job_id, "status": record.display_status,
             "model": record.identity.get("model"), "input": record.identity.get("input"),
             "output": record.identity.get("output"), "errors": record.identity.get("errors"),
-            "rows_done": pos.rows, "total": record.total, "succeeded": pos.succeeded,
-            "failed": pos.failed, "retry_round": record.retry_round, "epoch": record.epoch,
+            "rows_done": record.rows_done, "total": record.total,
+            "succeeded": record.succeeded, "failed": record.failed,
+            "retry_round": record.retry_round, "epoch": record.epoch,
+            **({"shard": record.identity["shard"], "parts": record.identity.get("parts"),
+                "parts_done": record.dataset.parts} if "shard" in record.identity else {}),
             "created_at": iso_time(record.created_at), "updated_at": iso_time(record.updated_at),
             "finished_at": iso_time(record.finished_at), "running_on": record.owner,
             "cancel_requested": record.cancel_requested, "error": record.error or None}
@@ -229,7 +285,7 @@ def _record_json(record: Any) -> dict[str, Any]:
 
 def _record_row(record: Any) -> dict[str, Any]:
     total = f" / {record.total:,}" if record.total else ""
-    return {**_record_json(record), "rows": f"{record.position.rows:,}{total}",
+    return {**_record_json(record), "rows": f"{record.rows_done:,}{total}",
             "created_at": human_time(record.created_at),
             "updated_at": human_time(record.updated_at),
             "finished_at": human_time(record.finished_at)}
@@ -249,7 +305,9 @@ def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
     """Show one job: status, rows done, failures, files. Exit 4 if unknown.
 
     Status is running, retrying, finished, cancelled, error, or interrupted
-    (its process died: run it again with the same job ID to resume).
+    (its process died: run it again with the same job ID to resume). A job
+    run with `--shard K/N` shows its shards added up (and each shard's own
+    status); `not started` while a shard has never run.
 
     Examples:
 
@@ -258,11 +316,19 @@ def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
         batchfleet bulk status nightly-20250101 -o json
     """
     from batchfleet.producers.bulk import load_job
+    from batchfleet.producers.bulk.shards import ShardedJob, load_sharded
 
     fmt = output_format(output, as_json)
-    record = _jobs_call(broker, results, namespace, lambda jobs: load_job(jobs, job_id))
+
+    async def find(jobs: BulkJobStore) -> Any:
+        return await load_job(jobs, job_id) or await load_sharded(jobs, job_id)
+
+    record = _jobs_call(broker, results, namespace, find)
     if record is None:
         raise fail(f"no bulk job {job_id} (never run, or its record expired)", 4)
+    if isinstance(record, ShardedJob):
+        _render_sharded(record, fmt, no_headers)
+        return
     row = _record_row(record)
     rows = [{"field": key, "value": value} for key, value in row.items()
             if value not in (None, "") and key not in ("job_id", "rows")]
@@ -270,25 +336,54 @@ def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
            body=_record_json(record))
 
 
+def _render_sharded(job: Any, fmt: str, no_headers: bool) -> None:
+    body = job.to_dict()
+    total = f" / {job.total:,}" if job.total is not None else ""
+    rows = [{"field": key, "value": value} for key, value in body.items()
+            if value not in (None, "") and key not in ("job_id", "rows_done", "total")]
+    rows.insert(1, {"field": "rows", "value": f"{body['rows_done']:,}{total}"})
+    for number in range(1, job.shards + 1):
+        record = job.records.get(number)
+        rows.append({"field": f"shard {number}/{job.shards}", "value": "not started"
+                     if record is None else f"{record.display_status}, "
+                     f"{record.rows_done:,} rows, {record.failed:,} failed"})
+    body["shard_records"] = {str(n): _record_json(r) for n, r in job.records.items()}
+    render(rows, FIELD_COLUMNS, fmt, no_headers, title=f"bulk job {job.job_id} "
+           f"({job.shards} shards)", body=body)
+
+
 @bulk_app.command()
 def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
            namespace: NamespaceOpt = "bf") -> None:
     """Stop a job at its next checkpoint (within a second); it can be resumed later.
+
+    A job run with `--shard K/N` is cancelled in every shard that has started.
 
     Examples:
 
         batchfleet bulk cancel nightly-20250101 --broker redis://localhost:6379/0
     """
     from batchfleet.producers.bulk import request_cancel
+    from batchfleet.producers.bulk.shards import load_sharded
 
-    record = _jobs_call(broker, results, namespace,
-                        lambda jobs: request_cancel(jobs, job_id))
-    if record is None:
+    async def cancel_all(jobs: BulkJobStore) -> list[tuple[str, Any]]:
+        record = await request_cancel(jobs, job_id)
+        if record is not None:
+            return [(job_id, record)]
+        sharded = await load_sharded(jobs, job_id)
+        ids = [r.job_id for r in sharded.records.values()] if sharded else []
+        return [(i, await request_cancel(jobs, i)) for i in ids]
+
+    records = _jobs_call(broker, results, namespace, cancel_all)
+    if not records:
         raise fail(f"no bulk job {job_id}", 4)
-    if record.live:
-        typer.echo(f"cancel requested: {job_id} stops at its next checkpoint")
-    else:
-        typer.echo(f"{job_id} is not running; it is now {record.display_status}")
+    for name, record in records:
+        if record is None:
+            typer.echo(f"{name} is gone (its record expired)")
+        elif record.live:
+            typer.echo(f"cancel requested: {name} stops at its next checkpoint")
+        else:
+            typer.echo(f"{name} is not running; it is now {record.display_status}")
 
 
 @bulk_app.command("list")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -116,7 +116,7 @@ async def run_job(
                 ctx = Context(spec, record, source, jobs, client, store, tuning,
                               progress or NoProgress())
                 try:
-                    return await _holding_lease(jobs, _dispatch(ctx, retry_failed))
+                    return await holding_lease(jobs, _dispatch(ctx, retry_failed))
                 finally:
                     await store.close()
         finally:
@@ -139,7 +139,7 @@ async def _dispatch(ctx: Context, retry_failed: bool) -> JobReport:
     return await _score_all(ctx)
 
 
-async def _holding_lease(jobs: JobStore, body: Coroutine[Any, Any, T]) -> T:
+async def holding_lease(jobs: JobStore, body: Coroutine[Any, Any, T]) -> T:
     """Run ``body`` while refreshing the lease; losing the lease stops it at once."""
     main = asyncio.ensure_future(body)
     keeper = asyncio.create_task(_keep_lease(jobs))
@@ -190,11 +190,51 @@ class Checkpointer:
 async def _score_all(ctx: Context) -> JobReport:
     spec, jobs, start = ctx.spec, ctx.jobs, ctx.record.position
     await jobs.write(status="running", cancel=0, error="", started_at=time.time())
-    sink = open_sink(spec, start, ctx.source, ctx.tuning)
-    checkpoint = Checkpointer(sink, jobs, start)
-    published = max(ctx.record.published, start.rows)
     began = time.monotonic()
     ctx.progress.start(spec.job_id, ctx.source.total, start.rows, start.failed)
+
+    async def finished(final: Position) -> None:
+        await jobs.checkpoint(final, status="finished", finished_at=time.time(),
+                              total=final.rows)
+
+    # Rows a previous run saved count towards the early stop (their errors are not known).
+    guard = EarlyStop(ctx.tuning.early_stop_rows, ctx.source.warnings, seen=start.rows,
+                      max_rate=ctx.tuning.early_stop_rate, failed=start.failed)
+    try:
+        completed, final = await score_pass(
+            ctx, spec, ctx.source, start, max(ctx.record.published, start.rows),
+            guard, worker_watch(ctx), finished)
+        if not completed:
+            await jobs.write(status="cancelled", finished_at=time.time())
+        ctx.progress.update(final.rows, final.failed)
+    finally:
+        ctx.progress.stop()
+    status = "finished" if completed else "cancelled"
+    log.info(f"bulk job {status}", job_id=spec.job_id, rows=final.rows, failed=final.failed)
+    return report_for(ctx, final, status, start, time.monotonic() - began)
+
+
+def worker_watch(ctx: Context) -> WorkerWatch:
+    return WorkerWatch(control_plane_for(ctx.store).heartbeats.read_all, ctx.spec.job_id,
+                       ctx.spec.model, ctx.progress)
+
+
+async def score_pass(
+    ctx: Context, spec: JobSpec, source: Source, start: Position, published: int,
+    guard: EarlyStop, watch: WorkerWatch,
+    on_complete: Callable[[Position], Awaitable[None]], base: Position | None = None,
+) -> tuple[bool, Position]:
+    """Score one file from ``start`` into ``spec``'s output, checkpointing as it goes.
+
+    The request IDs are ``spec.job_id``'s (a dataset part has its own). On the
+    last row the sink is finished and ``on_complete`` records it; on a cancel the
+    last checkpoint is forced. Returns (completed, the durable position). ``base``
+    is what earlier parts of a dataset did, added to what progress shows.
+    """
+    jobs = ctx.jobs
+    base = base or Position()
+    sink = open_sink(spec, start, source, ctx.tuning)
+    checkpoint = Checkpointer(sink, jobs, start)
 
     async def on_published(hwm: int) -> None:
         nonlocal published
@@ -202,18 +242,11 @@ async def _score_all(ctx: Context) -> JobReport:
             published = hwm
             await jobs.write(published=hwm)
 
-    watch = WorkerWatch(control_plane_for(ctx.store).heartbeats.read_all, spec.job_id,
-                        spec.model, ctx.progress)
-
     async def tick() -> bool:
         now = sink.current()
-        ctx.progress.update(now.rows, now.failed)
-        await watch.tick(now.rows)
+        ctx.progress.update(base.rows + now.rows, base.failed + now.failed)
+        await watch.tick(base.rows + now.rows)
         return not await checkpoint()
-
-    # Rows a previous run saved count towards the early stop (their errors are not known).
-    guard = EarlyStop(ctx.tuning.early_stop_rows, ctx.source.warnings, seen=start.rows,
-                      max_rate=ctx.tuning.early_stop_rate, failed=start.failed)
 
     def write(row: Row, result: Result) -> None:
         result = with_hint(result)
@@ -226,26 +259,18 @@ async def _score_all(ctx: Context) -> JobReport:
                     adopt_below=published, on_published=on_published, version=spec.version)
     scoring = True
     try:
-        completed = await scorer.run(ctx.source.rows(start), write, tick)
+        completed = await scorer.run(source.rows(start), write, tick)
         scoring = False
         if completed:
             final = await asyncio.to_thread(sink.finish)
-            await jobs.checkpoint(final, status="finished", finished_at=time.time(),
-                                  total=final.rows)
-        else:
-            await checkpoint(force=True)
-            sink.close()
-            final = checkpoint.saved
-            await jobs.write(status="cancelled", finished_at=time.time())
-        ctx.progress.update(final.rows, final.failed)
+            await on_complete(final)
+            return True, final
+        await checkpoint(force=True)
+        sink.close()
+        return False, checkpoint.saved
     except BaseException as exc:
         await _save_on_the_way_out(checkpoint, exc, scoring)
         raise
-    finally:
-        ctx.progress.stop()
-    status = "finished" if completed else "cancelled"
-    log.info(f"bulk job {status}", job_id=spec.job_id, rows=final.rows, failed=final.failed)
-    return report_for(ctx, final, status, start, time.monotonic() - began)
 
 
 async def _save_on_the_way_out(checkpoint: Checkpointer, exc: BaseException,

@@ -56,9 +56,10 @@ def _dense(cell: Any) -> Any:
 
 
 class ParquetSource:
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, file: Any = None) -> None:
+        """``file``: an open random-access file for a part that is not local (S3)."""
         try:
-            self._file = pq.ParquetFile(spec.input)
+            self._file = pq.ParquetFile(spec.input if file is None else file)
         except (pa.ArrowException, OSError) as exc:
             raise InputFormatError(f"{spec.input}: not a readable Parquet file: {exc}") from exc
         schema = self._file.schema_arrow

@@ -12,7 +12,7 @@ line or column; it never stops the pass.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -105,16 +105,20 @@ class JsonlSource:
     """
 
     def __init__(self, path: Path, dtype: str, id_field: str,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
+                 max_line_bytes: int = MAX_LINE_BYTES,
+                 opener: Callable[[], IO[bytes]] | None = None) -> None:
+        """``opener``: how to open a part that is not a local file (S3); its total is
+        then unknown, since counting lines would download the part twice."""
         self.path, self.dtype, self.id_field = path, dtype, id_field
         self.max_line_bytes = max_line_bytes
-        self.total: int | None = count_lines(path)
+        self._open: Callable[[], IO[bytes]] = opener or (lambda: path.open("rb"))
+        self.total: int | None = count_lines(path) if opener is None else None
         self.warnings: tuple[str, ...] = ()
 
     def rows(self, start: Position, wanted: Iterator[int] | None = None) -> Iterator[Row]:
         offset, line, index = start.in_offset, start.in_line, start.rows
         target = next(wanted, None) if wanted is not None else None
-        with self.path.open("rb") as f:
+        with self._open() as f:
             f.seek(offset)
             while True:
                 raw, consumed, length = read_line(f, self.max_line_bytes)

@@ -48,6 +48,21 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def check_options(job_id: str, model: str, dtype: str, max_line_bytes: int,
+                  version: str | None) -> None:
+    """The checks every job's options get, whether it reads one file or a dataset."""
+    check_job_id(job_id)
+    try:
+        check_model_name(model)
+        check_version_label(version)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not 'auto' or one of {sorted(DTYPES)}")
+    if max_line_bytes < 1:
+        raise ConfigError(f"--max-line-bytes must be at least 1, not {max_line_bytes}")
+
+
 def new_job_id() -> str:
     """A fresh, sortable job ID for runs that did not name one."""
     return f"bulk-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
@@ -109,16 +124,7 @@ class JobSpec:
         feature_columns: tuple[str, ...] = (), id_column: str = "custom_id",
         max_line_bytes: int = MAX_LINE_BYTES, version: str | None = None,
     ) -> JobSpec:
-        check_job_id(job_id)
-        try:
-            check_model_name(model)
-            check_version_label(version)
-        except ValidationError as exc:
-            raise ConfigError(str(exc)) from exc
-        if dtype != "auto" and dtype not in DTYPES:
-            raise ConfigError(f"--dtype {dtype!r} is not 'auto' or one of {sorted(DTYPES)}")
-        if max_line_bytes < 1:
-            raise ConfigError(f"--max-line-bytes must be at least 1, not {max_line_bytes}")
+        check_options(job_id, model, dtype, max_line_bytes, version)
         if not input.is_file():
             raise InputFormatError(f"input {input} does not exist or is not a file")
         family = detect_format(input)

@@ -23,18 +23,54 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from batchfleet.connectors.control_plane import BulkJobStore
 from batchfleet.producers.bulk.errors import JobConflictError, LeaseLostError
 from batchfleet.producers.bulk.rows import Position
-from batchfleet.producers.bulk.spec import JobSpec
 from batchfleet.schemas.errors import ResultStoreError
 
 LEASE_TTL_S: Final = 15
 #: Job records outlive their results (24 h) so a finished job can still be listed and retried.
 JOB_TTL_S: Final = 30 * 24 * 3600
 ACTIVE: Final = frozenset({"running", "retrying"})
+
+
+class Identified(Protocol):
+    """What claiming a job needs of its spec (a file's ``JobSpec`` or a ``DatasetSpec``)."""
+
+    def identity(self) -> dict[str, Any]: ...
+
+    def resuming(self, stored: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetProgress:
+    """A dataset runner's finished parts; its ``Position`` is within the current part.
+
+    ``phase`` is ``publish`` between "the part's files are complete in staging"
+    and "they are at their final names", so a run killed in between publishes
+    again (publishing is idempotent) instead of scoring the part again.
+    """
+
+    parts: int = 0
+    rows: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    phase: str = ""
+
+    def to_fields(self) -> dict[str, Any]:
+        return {"ds_parts": self.parts, "ds_rows": self.rows, "ds_succeeded": self.succeeded,
+                "ds_failed": self.failed, "ds_phase": self.phase}
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, str]) -> DatasetProgress:
+        def number(key: str) -> int:
+            return int(f.get(key) or 0)
+
+        return cls(number("ds_parts"), number("ds_rows"), number("ds_succeeded"),
+                   number("ds_failed"), f.get("ds_phase", ""))
+
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -53,6 +89,20 @@ class JobRecord:
     error: str
     cancel_requested: bool
     owner: str | None
+    #: Parts finished by a dataset runner (all zero for a single file).
+    dataset: DatasetProgress = DatasetProgress()
+
+    @property
+    def rows_done(self) -> int:
+        return self.dataset.rows + self.position.rows
+
+    @property
+    def succeeded(self) -> int:
+        return self.dataset.succeeded + self.position.succeeded
+
+    @property
+    def failed(self) -> int:
+        return self.dataset.failed + self.position.failed
 
     @property
     def live(self) -> bool:
@@ -75,7 +125,7 @@ class JobRecord:
             created_at=float(f.get("created_at") or 0), updated_at=float(f.get("updated_at") or 0),
             finished_at=float(f["finished_at"]) if f.get("finished_at") else None,
             error=f.get("error", ""), cancel_requested=f.get("cancel") == "1",
-            owner=_text(owner) if owner else None)
+            owner=_text(owner) if owner else None, dataset=DatasetProgress.from_fields(f))
 
 
 def _text(value: Any) -> str:
@@ -101,7 +151,7 @@ class JobStore:
         self._store, self.job_id = store, job_id
         self.token = f"{socket.gethostname()}|{os.getpid()}|{uuid.uuid4().hex[:8]}"
 
-    async def claim(self, spec: JobSpec, total: int | None, restart: bool = False
+    async def claim(self, spec: Identified, total: int | None, restart: bool = False
                     ) -> JobRecord:
         """Take the job's lease and create or load its record; refuse a mismatched spec.
 
@@ -136,9 +186,10 @@ class JobStore:
                                    f"{', '.join(diff)}; use a new job ID")
         return record
 
-    async def _restart(self, spec: JobSpec, record: JobRecord, total: int | None
+    async def _restart(self, spec: Identified, record: JobRecord, total: int | None
                        ) -> JobRecord:
-        await self.write(**Position().to_fields(), identity=json.dumps(spec.identity()),
+        await self.write(**Position().to_fields(), **DatasetProgress().to_fields(),
+                         identity=json.dumps(spec.identity()),
                          status="running", published=0, round=0, epoch=record.epoch + 1,
                          error="", cancel=0, total=total or "", finished_at=None)
         return JobRecord.parse(self.job_id, await self._store.fields(self.job_id), self.token)

@@ -20,7 +20,7 @@ LINKED = {"schemas", "connectors", "producers", "workers"}
 ALLOWED = {
     # The benchmark's baseline *is* plain RQ on a plain Redis client: that is what it measures.
     "batchfleet/bench/naive_rq.py": "the RQ baseline it benchmarks against",
-    "batchfleet/bench/broker_loop.py": "the broker-only baseline: raw XADD/XREADGROUP, no batchfleet",
+    "batchfleet/bench/broker_loop.py": "the broker-only baseline: raw XADD and XREADGROUP",
 }
 
 
