@@ -78,7 +78,10 @@ async def test_sigterm_saves_a_final_checkpoint_and_shows_the_cursor_again(
             *BULK_COMMAND, "run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"),
             "-o", str(out), "--job-id", "term-1", "--broker", redis_url, "--window", "64",
             "--progress", "bar", stderr=follower, stdout=asyncio.subprocess.DEVNULL,
-            stdin=asyncio.subprocess.DEVNULL)
+            stdin=asyncio.subprocess.DEVNULL,
+            # a capable terminal, whatever CI's TERM says: on TERM=dumb rich rightly never
+            # hides the cursor, and this test is about showing it again
+            env={**os.environ, "TERM": "xterm-256color"})
         os.close(follower)
         # bounded: a failed assertion must never leave a reader blocked on the terminal
         reader = asyncio.create_task(asyncio.to_thread(_read_all, leader, screen, 120.0))
