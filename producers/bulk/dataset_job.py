@@ -27,18 +27,17 @@ from typing import Any
 
 import structlog
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.bulk_jobs import open_bulk_jobs
 from batchfleet.producers.bulk.dataset import DEFAULT_STAGING, DatasetSpec, Part
 from batchfleet.producers.bulk.errors import InputFormatError, OutputMissingError
 from batchfleet.producers.bulk.files import check_files
 from batchfleet.producers.bulk.guard import EarlyStop
 from batchfleet.producers.bulk.job import (
-    RESULT_POLL_S,
     Context,
     Endpoints,
     holding_lease,
     score_pass,
+    scoring_session,
     worker_watch,
 )
 from batchfleet.producers.bulk.progress import NoProgress, ProgressReporter
@@ -162,15 +161,9 @@ async def run_dataset(spec: DatasetSpec, endpoints: Endpoints, *, tuning: Tuning
         if restart:
             shutil.rmtree(spec.staging, ignore_errors=True)
         try:
-            async with AsyncClient(endpoints.broker, endpoints.results,
-                                   namespace=endpoints.namespace,
-                                   poll_interval_s=RESULT_POLL_S) as client:
-                store = open_result_store(endpoints.results_url, names)
+            async with scoring_session(endpoints) as (client, store):
                 run = _Run(spec, record, jobs, client, store, tuning, progress or NoProgress())
-                try:
-                    return await holding_lease(jobs, _score_parts(run, total))
-                finally:
-                    await store.close()
+                return await holding_lease(jobs, _score_parts(run, total))
         finally:
             await jobs.release()
     finally:

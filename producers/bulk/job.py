@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -109,20 +109,27 @@ async def run_job(
 
             discard_staging(spec)  # what an interrupted --retry-failed left beside the files
         try:
-            async with AsyncClient(endpoints.broker, endpoints.results,
-                                   namespace=endpoints.namespace,
-                                   poll_interval_s=RESULT_POLL_S) as client:
-                store = open_result_store(endpoints.results_url, names)
+            async with scoring_session(endpoints) as (client, store):
                 ctx = Context(spec, record, source, jobs, client, store, tuning,
                               progress or NoProgress())
-                try:
-                    return await holding_lease(jobs, _dispatch(ctx, retry_failed))
-                finally:
-                    await store.close()
+                return await holding_lease(jobs, _dispatch(ctx, retry_failed))
         finally:
             await jobs.release()
     finally:
         await bulk_jobs.close()
+
+
+@contextlib.asynccontextmanager
+async def scoring_session(endpoints: Endpoints
+                          ) -> AsyncIterator[tuple[AsyncClient, ResultStore]]:
+    """The SDK client and result store one bulk run scores through (a file or a dataset)."""
+    async with AsyncClient(endpoints.broker, endpoints.results, namespace=endpoints.namespace,
+                           poll_interval_s=RESULT_POLL_S) as client:
+        store = open_result_store(endpoints.results_url, Names(endpoints.namespace))
+        try:
+            yield client, store
+        finally:
+            await store.close()
 
 
 async def _dispatch(ctx: Context, retry_failed: bool) -> JobReport:
