@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import redis.asyncio as aioredis
 
 from batchfleet.connectors.broker import Consumer, Delivery, LaneBacklog, OutboundMessage, Publisher
 from batchfleet.connectors.control_plane import FACTORIES, ControlPlane, open_control_plane
+from batchfleet.connectors.redis_client import is_cluster_url, names_for, redis_client
 from batchfleet.connectors.redis_plane import RedisControlPlane, redis_control_plane
 from batchfleet.connectors.redis_streams import RedisStreamsConsumer, RedisStreamsPublisher
 from batchfleet.connectors.result_store import (
@@ -28,28 +26,11 @@ from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
 
 
-def redis_client(url: str, max_connections: int | None = None,
-                 pool_timeout_s: float = 5.0) -> aioredis.Redis:
-    """A binary-safe asyncio Redis client (hiredis-parsed when installed).
-
-    Socket timeouts bound every call, so a wedged connection surfaces as an error
-    (which the callers retry) instead of a hang; they sit far above XREADGROUP's
-    100 ms BLOCK. With ``max_connections`` the pool blocks (up to ``pool_timeout_s``)
-    for a free connection instead of failing "Too many connections" (the gateway).
-    """
-    options: dict[str, Any] = {
-        "decode_responses": False, "socket_keepalive": True, "health_check_interval": 30,
-        "socket_timeout": 30, "socket_connect_timeout": 5}
-    if max_connections is None:
-        return aioredis.Redis.from_url(url, **options)
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=pool_timeout_s, **options)
-    return aioredis.Redis.from_pool(pool)
-
-
 def open_result_store(url: str, names: Names, ttl_s: int = DEFAULT_TTL_S,
                       max_connections: int | None = None) -> ResultStore:
-    return ResultStore(redis_client(url, max_connections), names, ttl_s)
+    from batchfleet.connectors.cluster_store import store_for
+
+    return store_for(redis_client(url, max_connections), names_for(url, names), ttl_s)
 
 
 def control_plane_for(store: ResultStore) -> RedisControlPlane:
@@ -77,6 +58,11 @@ def open_publisher(
             from batchfleet.connectors.kafka_publisher import KafkaPublisher
 
         return KafkaPublisher(broker.kafka_bootstrap, names, partitions=partitions)
+    if is_cluster_url(broker.url):
+        from batchfleet.connectors.cluster_streams import ClusterStreamsPublisher
+
+        return ClusterStreamsPublisher(redis_client(broker.url), names.for_cluster(),
+                                       max_stream_len)
     return RedisStreamsPublisher(redis_client(broker.url), names, max_stream_len)
 
 
@@ -95,6 +81,11 @@ def open_consumer(
 
         return KafkaConsumer(broker.kafka_bootstrap, names, consumer_name, partitions=partitions,
                              session_timeout_ms=kafka_session_timeout_ms)
+    if is_cluster_url(broker.url):
+        from batchfleet.connectors.cluster_streams import ClusterStreamsConsumer
+
+        return ClusterStreamsConsumer(redis_client(broker.url), names.for_cluster(),
+                                      consumer_name, claim_idle_ms=claim_idle_ms)
     return RedisStreamsConsumer(
         redis_client(broker.url), names, consumer_name, claim_idle_ms=claim_idle_ms
     )

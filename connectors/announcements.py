@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -46,16 +47,21 @@ def parse_announcement(data: bytes) -> list[Announced]:
 
 
 class RedisSubscription:
-    def __init__(self, pubsub: Any) -> None:
+    def __init__(self, pubsub: Any, sharded: bool = False) -> None:
         self._pubsub = pubsub
+        self._sharded = sharded
 
     @wrap_errors(ResultStoreError, "result subscription lost")
     async def next(self, timeout_s: float) -> list[Announced]:
         """(request ID, result body) pairs of the next announcement, or [] when none came
         within ``timeout_s``. A message that is not a well-formed announcement is dropped
         with a warning: the safety poll still finds those results."""
-        message = await self._pubsub.get_message(timeout=timeout_s)
-        if message is None or message.get("type") != "message":
+        if self._sharded:
+            message = await self._pubsub.get_sharded_message(
+                ignore_subscribe_messages=True, timeout=timeout_s)
+        else:
+            message = await self._pubsub.get_message(timeout=timeout_s)
+        if message is None or _text(message.get("type")) not in ("message", "smessage"):
             return []
         return parse_announcement(message["data"])
 
@@ -71,12 +77,19 @@ class RedisAnnouncements:
         self._names = names
 
     async def subscribe(self, client_id: str) -> RedisSubscription:
+        sharded = is_cluster(self._redis)
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        subscription = RedisSubscription(pubsub)
+        subscription = RedisSubscription(pubsub, sharded)
         try:
             with wrap_errors(ResultStoreError, "cannot subscribe to results"):
-                await pubsub.subscribe(self._names.notify_channel(client_id))
+                channel = self._names.notify_channel(client_id)
+                # on a cluster: sharded pub/sub (SSUBSCRIBE), served by the channel's primary
+                await (pubsub.ssubscribe(channel) if sharded else pubsub.subscribe(channel))
         except BaseException:
             await subscription.close()
             raise
         return subscription
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value

@@ -134,6 +134,6 @@ class RedisBulkJobs:
 
 
 def open_bulk_jobs(url: str, names: Names) -> RedisBulkJobs:
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import names_for, redis_client
 
-    return RedisBulkJobs(redis_client(url), names)
+    return RedisBulkJobs(redis_client(url), names_for(url, names))

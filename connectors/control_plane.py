@@ -165,7 +165,8 @@ def _redis(url: str, names: Names, ttl_s: int, max_connections: int | None) -> C
 
 
 #: URL scheme -> factory. A new result store is one module plus one line here.
-FACTORIES: dict[str, PlaneFactory] = {"redis": _redis, "rediss": _redis, "unix": _redis}
+FACTORIES: dict[str, PlaneFactory] = {
+    "redis": _redis, "rediss": _redis, "unix": _redis, "redis+cluster": _redis}
 
 
 def open_control_plane(url: str, names: Names, ttl_s: int = 24 * 3600,

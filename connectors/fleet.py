@@ -37,6 +37,7 @@ from typing import Any
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.connectors.redis_client import names_for
 from batchfleet.connectors.urls import BrokerURL
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.heartbeat import COUNTERS, HeartbeatRecord, decode_heartbeat
@@ -239,7 +240,7 @@ class FleetReader:
         from batchfleet.connectors import redis_client
 
         self._broker = broker
-        self._names = names
+        self._names = names = names_for(results_url, names)
         self._store = redis_client(results_url)
         self._heartbeats = RedisHeartbeats(self._store, names)
         same = broker.kind == "redis" and broker.url == results_url

@@ -13,10 +13,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import names_for, sync_redis_client
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.heartbeat import HeartbeatRecord, decode_heartbeat, encode_heartbeat
 from batchfleet.schemas.names import Names
@@ -65,8 +65,8 @@ class HeartbeatProbe:
     """Synchronous "is this worker beating?" for process launchers (no event loop needed)."""
 
     def __init__(self, url: str, names: Names) -> None:
-        self._redis = redis.Redis.from_url(url)
-        self._names = names
+        self._redis = sync_redis_client(url)
+        self._names = names_for(url, names)
 
     def present(self, worker_id: str) -> bool:
         with wrap_errors(ResultStoreError, "cannot read the heartbeat"):

@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar, overload
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import queue_script
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import ResultStoreError, UnknownModelError, ValidationError
 from batchfleet.schemas.names import Names
@@ -290,7 +291,7 @@ class RedisModelRegistry:
                 if shards is None:
                     pipe.hsetnx(key, F_LANE_SHARDS, 1)
                 else:
-                    await self._set_shards(keys=[key], args=[shards], client=pipe)
+                    await queue_script(pipe, self._set_shards, [key], [shards])
             replies = await pipe.execute()
             if prune:
                 for model in versions:
@@ -523,6 +524,6 @@ def model_registry_for(store: ResultStore) -> RedisModelRegistry:
 
 def open_model_registry(url: str, names: Names) -> RedisModelRegistry:
     """A registry on its own connection (the CLI); workers and clients share theirs."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import names_for, redis_client
 
-    return RedisModelRegistry(redis_client(url), names, owns_client=True)
+    return RedisModelRegistry(redis_client(url), names_for(url, names), owns_client=True)

@@ -8,6 +8,7 @@ from batchfleet.connectors.announcements import RedisAnnouncements
 from batchfleet.connectors.dead_letters import DeadLetterQueue, UndecodableSink
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.result_cache import RedisResultCache
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.connectors.retry_schedule import RetrySchedule
@@ -34,16 +35,26 @@ class RedisControlPlane:
 def redis_control_plane(store: ResultStore) -> RedisControlPlane:
     """Every seam over the store's own client (one pool, closed with the store)."""
     client, names = store.redis, store.names
+    letters, retries = DeadLetterQueue, RetrySchedule
+    if is_cluster(client):  # a result record and a control-plane key: different slots
+        from batchfleet.connectors.cluster_plane import (
+            ClusterDeadLetterQueue,
+            ClusterRetrySchedule,
+        )
+
+        letters, retries = ClusterDeadLetterQueue, ClusterRetrySchedule
     return RedisControlPlane(
         results=store, announcements=RedisAnnouncements(client, names),
-        dead_letters=DeadLetterQueue(client, names, store.ttl_s),
-        undecodable=UndecodableSink(client, names), retry_schedule=RetrySchedule(client, names),
+        dead_letters=letters(client, names, store.ttl_s),
+        undecodable=UndecodableSink(client, names), retry_schedule=retries(client, names),
         heartbeats=RedisHeartbeats(client, names), models=RedisModelRegistry(client, names),
         result_cache=RedisResultCache(client, names))
 
 
 def open_redis_control_plane(url: str, names: Names, ttl_s: int,
                              max_connections: int | None = None) -> RedisControlPlane:
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.cluster_store import store_for
+    from batchfleet.connectors.redis_client import names_for, redis_client
 
-    return redis_control_plane(ResultStore(redis_client(url, max_connections), names, ttl_s))
+    return redis_control_plane(
+        store_for(redis_client(url, max_connections), names_for(url, names), ttl_s))

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog, OutboundMessage, ShardSource
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
 from batchfleet.schemas.envelopes import peek_header
 from batchfleet.schemas.errors import BatchfleetError, TransportError
@@ -230,14 +231,9 @@ class RedisStreamsConsumer:
                 # COUNT is per stream: split the room evenly over a lane's shards, so every
                 # shard gets the same share of each read and the total stays bounded
                 widest = max(self._shards.values(), default=1)
-                reply = await self._redis.xreadgroup(
-                    self._group,
-                    self._consumer,
-                    streams,
-                    count=max(1, -(-(max_count - len(out)) // widest)),
-                    block=None if block_ms == 0 else block_ms,
-                )
-                out.extend(self._deliveries(reply))
+                out.extend(self._deliveries(await self._read(
+                    streams, max(1, -(-(max_count - len(out)) // widest)),
+                    None if block_ms == 0 else block_ms)))
         except ResponseError as exc:
             if not group_lost(exc):
                 raise TransportError(f"XREADGROUP failed: {exc}") from exc
@@ -245,6 +241,11 @@ class RedisStreamsConsumer:
         except RedisError as exc:
             raise TransportError(f"XREADGROUP failed: {exc}") from exc
         return out
+
+    async def _read(self, streams: dict[Any, Any], count: int, block_ms: int | None) -> Any:
+        """One ``XREADGROUP`` over every stream (a cluster splits it per slot)."""
+        return await self._redis.xreadgroup(self._group, self._consumer, streams,
+                                            count=count, block=block_ms)
 
     async def recover(self) -> list[str]:
         """Recreate every lost group (and stream) in place; returns the lanes recreated.
@@ -256,7 +257,8 @@ class RedisStreamsConsumer:
         One warning per recovery, not one per failed read."""
         recreated: list[str] = []
         for stream, (model, lane) in self._streams.items():
-            pipe = self._redis.pipeline(transaction=True)
+            # one transaction per lane; on a cluster TIME has no slot, so no MULTI there
+            pipe = self._redis.pipeline(transaction=not is_cluster(self._redis))
             pipe.xgroup_create(stream, self._group, id="0", mkstream=True)
             pipe.xrange(stream, count=_LOSS_PEEK)
             pipe.time()

@@ -369,6 +369,6 @@ def _text(value: bytes | str) -> str:
 def open_request_control(broker: BrokerURL, store: ResultStore) -> RequestControl:
     """Request control over an open store; on Redis Streams with a client of the broker's
     Redis of its own (closed with it)."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import redis_client
 
     return RequestControl(store, redis_client(broker.url) if broker.kind == "redis" else None)

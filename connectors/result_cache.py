@@ -108,7 +108,7 @@ class RedisResultCache:
 
     def __init__(self, client: aioredis.Redis, names: Names) -> None:
         self._redis = client
-        self._prefix = f"{names.prefix}:cache:"
+        self._prefix = f"{names.plane}:cache:"
 
     def key(self, digest: str) -> str:
         return self._prefix + digest

@@ -183,9 +183,9 @@ def rollouts_for(store: ResultStore) -> Rollouts:
 
 def open_rollouts(url: str, names: Names) -> Rollouts:
     """On a connection of its own (the CLI, scripts); :meth:`Rollouts.close` closes it."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import names_for, redis_client
 
-    client = redis_client(url)
+    client, names = redis_client(url), names_for(url, names)
     registry = RedisModelRegistry(client, names, owns_client=True)
     return Rollouts(registry, RedisRolloutStats(client, names), RedisHeartbeats(client, names),
                     owned=registry)

@@ -29,6 +29,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import queue_script
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
@@ -333,8 +334,8 @@ class RedisRolloutStats:
             return
         pipe = self._redis.pipeline(transaction=False)
         for label, incr in by_label.items():
-            await self._flush(keys=[self._key(model, f"stats:{label}")],
-                              args=_args(epoch, incr, (), (), (), ()), client=pipe)
+            await queue_script(pipe, self._flush, [self._key(model, f"stats:{label}")],
+                               _args(epoch, incr, (), (), (), ()))
         await pipe.execute()
 
     @wrap_errors(ResultStoreError, "cannot read the rollout stats")

@@ -42,7 +42,7 @@ class RoutePlane:
         self._ttl_s = max(1, int(ttl_s))
 
     def _key(self, model: str, request_id: str) -> str:
-        return f"{self._names.prefix}:route:{model}:{request_id}"
+        return f"{self._names.plane}:route:{model}:{request_id}"
 
     async def tables(self, models: Sequence[str], now: float | None = None
                      ) -> dict[str, RouteTable]:

@@ -16,8 +16,9 @@ from rq import Queue, Retry
 from rq.job import Job
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.redis_client import is_cluster_url
 from batchfleet.connectors.webhook_jobs import JOB_FUNC
-from batchfleet.schemas.errors import ResultStoreError
+from batchfleet.schemas.errors import ConfigError, ResultStoreError
 from batchfleet.schemas.names import Names
 
 
@@ -35,7 +36,7 @@ class RQWebhookQueue:
         self, redis_url: str, names: Names, *, retry_intervals: Sequence[int],
         job_timeout_s: int = 60, keep_s: int = 86_400,
     ) -> None:
-        self._conn = redis.Redis.from_url(redis_url)
+        self._conn = redis.Redis.from_url(single_node(redis_url))
         self._names = names
         self._queue = Queue(names.webhook_queue, connection=self._conn)
         #: One backoff interval per retry: RQ aligns the list from its end.
@@ -76,4 +77,14 @@ class RQWebhookQueue:
 
 def rq_queue(redis_url: str, names: Names) -> Queue:
     """The RQ queue itself, for the ``webhooks`` CLI (RQ's own worker and registries)."""
-    return Queue(names.webhook_queue, connection=redis.Redis.from_url(redis_url))
+    return Queue(names.webhook_queue, connection=redis.Redis.from_url(single_node(redis_url)))
+
+
+def single_node(redis_url: str) -> str:
+    """RQ does not support Redis Cluster: its queue stays on a single-node Redis."""
+    if is_cluster_url(redis_url):
+        raise ConfigError(
+            "webhooks are not supported on Redis Cluster: RQ needs a single-node Redis; "
+            "pass --webhook-redis-url redis://host:port/db (BATCHFLEET_WEBHOOK_REDIS_URL), "
+            "or turn webhooks off (--no-webhooks)")
+    return redis_url

@@ -41,11 +41,33 @@ def check_lane(lane: str) -> str:
     return lane
 
 
+#: Redis Cluster: result records are spread over this many hash tags (``{r0}`` … ``{r15}``),
+#: so a batch's writes fall into at most this many slot groups (one script call each).
+RESULT_TAGS: Final = 16
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
-    """Key and topic names under one namespace prefix."""
+    """Key and topic names under one namespace prefix.
+
+    ``cluster=True`` (a ``redis+cluster://`` URL) adds Redis Cluster hash tags, so every
+    Lua script touches one slot: the control plane (registry, retries, quotas, DLQ, …)
+    shares the one tag ``{prefix}``; result records, lane streams and client channels get
+    their own tags so they spread over the primaries (docs/cluster.md). Single-node names
+    (the default) are unchanged byte for byte.
+    """
 
     prefix: str = "bf"
+    cluster: bool = False
+
+    @property
+    def plane(self) -> str:
+        """Prefix of control-plane keys: ``{bf}`` on a cluster (one slot), else ``bf``."""
+        return f"{{{self.prefix}}}" if self.cluster else self.prefix
+
+    def for_cluster(self, cluster: bool = True) -> Names:
+        """The same namespace with (or without) cluster hash tags."""
+        return self if cluster == self.cluster else Names(self.prefix, cluster)
 
     @property
     def consumer_group(self) -> str:
@@ -56,6 +78,9 @@ class Names:
         """Redis stream holding one model's requests on one priority lane; a sharded lane
         (``--lane-shards``) is streams ``0..K-1``, shard 0 being the unsharded name (so
         K=1 is the same key) and shard ``s`` that name plus ``:{s}``."""
+        if self.cluster:  # one tag per shard stream: shards spread over the primaries
+            tail = f"{model}:{lane}" if shard == 0 else f"{model}:{lane}:{shard}"
+            return f"{self.prefix}:stream:{{{tail}}}"
         base = f"{self.prefix}:stream:{model}:{lane}"
         return base if shard == 0 else f"{base}:{shard}"
 
@@ -70,90 +95,94 @@ class Names:
 
     def result(self, request_id: str) -> str:
         """Hash holding a request's status and its encoded result envelope."""
+        if self.cluster:
+            return f"{self.prefix}:result:{{r{result_tag(request_id)}}}:{request_id}"
         return f"{self.prefix}:result:{request_id}"
 
     def notify_channel(self, client_id: str) -> str:
         """Pub/sub channel on which workers announce finished request IDs to one client."""
+        if self.cluster:  # SPUBLISH goes to the channel's slot
+            return f"{self.prefix}:notify:{{{client_id}}}"
         return f"{self.prefix}:notify:{client_id}"
 
     def dead_letter_stream(self, model: str) -> str:
         """Per-model dead-letter stream."""
-        return f"{self.prefix}:dlq:{model}"
+        return f"{self.plane}:dlq:{model}"
 
     @property
     def model_registry(self) -> str:
         """Index set of every model with a registry record (declared or ever served): how
         submitters and the gateway tell an unknown model (refused at once) from one whose
         workers are scaled to zero or not started yet."""
-        return f"{self.prefix}:models"
+        return f"{self.plane}:models"
 
     def model(self, name: str) -> str:
         """Hash holding one model's registry record (schemas/registry.py)."""
-        return f"{self.prefix}:model:{name}"
+        return f"{self.plane}:model:{name}"
 
     def model_history(self, name: str) -> str:
         """Capped list (newest first) of one model's rollout policy changes."""
-        return f"{self.prefix}:model:{name}:history"
+        return f"{self.plane}:model:{name}:history"
 
     @property
     def lane_loss(self) -> str:
         """Hash ``{model}:{lane}`` -> epoch ms: a worker found that lane's stream or group
         gone (Redis restarted empty, flushed, the key evicted) and recreated it. Requests
         enqueued on it before that moment were lost; waiters read this to stop waiting."""
-        return f"{self.prefix}:lane-loss"
+        return f"{self.plane}:lane-loss"
 
     @property
     def inflight_prefix(self) -> str:
         """Prefix of the per-owner in-flight sorted sets (request ID -> expiry); the owner's
         key ID completes the name. The result-writing script removes finished IDs."""
-        return f"{self.prefix}:inflight:"
+        return f"{self.plane}:inflight:"
 
     def quota_bucket(self, owner: str) -> str:
         """An API key's token bucket (hash: tokens, last refill)."""
-        return f"{self.prefix}:quota:{owner}"
+        return f"{self.plane}:quota:{owner}"
 
     @property
     def cancelled(self) -> str:
         """Sorted set of request IDs cancelled while queued (ID -> cancel time): Redis
         Streams workers drop them unrun before compute; read only while it is non-empty."""
-        return f"{self.prefix}:cancelled"
+        return f"{self.plane}:cancelled"
 
     @property
     def retry_schedule(self) -> str:
         """Sorted set of requests waiting to be retried, scored by due time (epoch seconds)."""
-        return f"{self.prefix}:retry"
+        return f"{self.plane}:retry"
 
     @property
     def dead_letter_pattern(self) -> str:
-        return f"{self.prefix}:dlq:*"
+        return f"{self.plane}:dlq:*"
 
     @property
     def undecodable_stream(self) -> str:
         """Messages too broken to yield a request ID or a model, kept with their raw bytes."""
-        return f"{self.prefix}:dlq:_undecodable"
+        return f"{self.plane}:dlq:_undecodable"
 
     def worker_heartbeat(self, worker_id: str) -> str:
         """Key a live worker refreshes; its TTL makes dead workers disappear on their own."""
-        return f"{self.prefix}:worker:{worker_id}"
+        return f"{self.plane}:worker:{worker_id}"
 
     @property
     def live_workers(self) -> str:
         """Sorted set: worker ID -> epoch seconds of its last beat, so readers find live
         workers in one ``ZRANGEBYSCORE`` instead of scanning for heartbeat keys."""
-        return f"{self.prefix}:workers"
+        return f"{self.plane}:workers"
 
     def bulk_job(self, job_id: str) -> str:
         """Hash: a bulk job's identity, status, checkpoint and counters."""
-        return f"{self.prefix}:bulk:job:{job_id}"
+        return f"{self.plane}:bulk:job:{job_id}"
 
     def bulk_lease(self, job_id: str) -> str:
         """String with a TTL, held by the one process running a bulk job."""
-        return f"{self.prefix}:bulk:lease:{job_id}"
+        return f"{self.plane}:bulk:lease:{job_id}"
 
     @property
     def bulk_jobs(self) -> str:
         """Sorted set of bulk job IDs by creation time, for ``bulk list``."""
-        return f"{self.prefix}:bulk:jobs"
+        return f"{self.plane}:bulk:jobs"
 
     @property
     def webhook_queue(self) -> str:
@@ -167,6 +196,12 @@ class Names:
         (request, generation) is what makes enqueueing idempotent."""
         digest = hashlib.sha256(f"{self.prefix}\0{request_id}".encode()).hexdigest()[:32]
         return f"{re.sub(r'[^A-Za-z0-9_-]', '_', self.prefix)}-wh-{digest}-{generation}"
+
+
+def result_tag(request_id: str) -> int:
+    """Which of the :data:`RESULT_TAGS` cluster hash tags a result record carries: CRC-32
+    of the ID mod 16, like :func:`shard_for`, so any language can compute it."""
+    return zlib.crc32(request_id.encode()) % RESULT_TAGS
 
 
 def lane_loss_field(model: str, lane: str) -> str:

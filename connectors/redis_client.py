@@ -1,0 +1,121 @@
+"""The one place a Redis URL becomes a client: single node or Redis Cluster.
+
+``redis://``, ``rediss://`` and ``unix://`` give ``redis.asyncio.Redis``;
+``redis+cluster://host:port[,host:port...]`` gives ``redis.asyncio.cluster.RedisCluster``,
+which follows MOVED/ASK redirections and re-reads the topology after a failover, so
+nothing in batchfleet does that by hand.
+
+The cluster client is returned typed as ``aioredis.Redis``: it offers the same command
+API, and the seams that hold a client need not change. Code that must behave
+differently on a cluster (multi-slot scripts, transactions, pub/sub) asks
+:func:`is_cluster`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
+from redis.cluster import RedisCluster as SyncRedisCluster
+
+from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import Names
+
+CLUSTER_SCHEME = "redis+cluster"
+#: Every scheme a ``--results`` (or Redis ``--broker``) URL may use.
+REDIS_SCHEMES = ("redis", "rediss", "unix", CLUSTER_SCHEME)
+#: Retries of a cluster command that met a dead node: enough, with the backoff, to span a
+#: replica's promotion (cluster-node-timeout plus an election, a few seconds).
+_CLUSTER_RETRIES = 8
+
+_OPTIONS: dict[str, Any] = {
+    "decode_responses": False, "socket_keepalive": True,
+    "socket_timeout": 30, "socket_connect_timeout": 5}
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme == CLUSTER_SCHEME
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """Seed ``(host, port)`` pairs, user and password of a ``redis+cluster://`` URL."""
+    rest = url.split("://", 1)[1]
+    user = password = None
+    if "@" in rest:
+        auth, rest = rest.rsplit("@", 1)
+        user, _, password = auth.partition(":")
+        user, password = unquote(user) or None, unquote(password) or None
+    hosts, _, db = rest.partition("/")
+    if db.strip("/") not in ("", "0"):
+        raise ConfigError(f"Redis Cluster URL {url!r}: a cluster has only database 0")
+    nodes: list[tuple[str, int]] = []
+    for part in hosts.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(
+                f"Redis Cluster URL {url!r} must look like redis+cluster://host:port[,host:port]")
+        nodes.append((host, int(port)))
+    return nodes, user, password
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether a client talks to a Redis Cluster (async or sync)."""
+    return isinstance(client, RedisCluster | SyncRedisCluster)
+
+
+def names_for(url: str, names: Names) -> Names:
+    """The names a client of ``url`` uses: with cluster hash tags on a cluster."""
+    return names.for_cluster(is_cluster_url(url))
+
+
+def redis_client(url: str, max_connections: int | None = None,
+                 pool_timeout_s: float = 5.0) -> aioredis.Redis:
+    """A binary-safe asyncio Redis client (hiredis-parsed when installed).
+
+    Socket timeouts bound every call, so a wedged connection surfaces as an error
+    (which the callers retry) instead of a hang; they sit far above XREADGROUP's
+    100 ms BLOCK. With ``max_connections`` the pool blocks (up to ``pool_timeout_s``)
+    for a free connection instead of failing "Too many connections" (the gateway);
+    on a cluster it caps each node's pool.
+    """
+    if is_cluster_url(url):
+        nodes, user, password = cluster_nodes(url)
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user,
+            password=password, max_connections=max_connections or 100,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), _CLUSTER_RETRIES), **_OPTIONS)
+        return cast(aioredis.Redis, cluster)
+    options = {**_OPTIONS, "health_check_interval": 30}
+    if max_connections is None:
+        return aioredis.Redis.from_url(url, **options)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=pool_timeout_s, **options)
+    return aioredis.Redis.from_pool(pool)
+
+
+def sync_redis_client(url: str) -> redis.Redis:
+    """The synchronous twin of :func:`redis_client`, for process launchers and probes."""
+    if is_cluster_url(url):
+        nodes, user, password = cluster_nodes(url)
+        seeds = [SyncClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
+        return cast(redis.Redis, SyncRedisCluster(
+            startup_nodes=seeds, username=user,
+            password=password, **_OPTIONS))
+    return redis.Redis.from_url(url)
+
+
+async def queue_script(pipe: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]
+                       ) -> None:
+    """Queue a registered script in a pipeline. A cluster pipeline refuses ``EVALSHA``
+    (and a promoted replica's script cache starts empty), so there it is ``EVAL``."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.eval(script.script, len(keys), *keys, *args)
+    else:
+        await script(keys=keys, args=args, client=pipe)
