@@ -10,10 +10,12 @@ import typer
 
 BrokerOpt = Annotated[str, typer.Option(
     "--broker", envvar="BATCHFLEET_BROKER",
-    help="redis://host:port/db or kafka://host:port[,host:port].")]
+    help="redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster) "
+    "or kafka://host:port[,host:port].")]
 ResultsOpt = Annotated[str | None, typer.Option(
     "--results", envvar="BATCHFLEET_RESULTS",
-    help="Result store, redis://host:port/db. Defaults to the broker's URL when it is Redis.")]
+    help="Result store, redis://host:port/db or redis+cluster://host:port[,host:port]. "
+    "Defaults to the broker's URL when it is Redis.")]
 NamespaceOpt = Annotated[str, typer.Option(
     "--namespace", envvar="BATCHFLEET_NAMESPACE", help="Prefix of every key, stream and topic.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
