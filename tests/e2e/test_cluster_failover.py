@@ -1,0 +1,79 @@
+"""Failover on Redis Cluster: SIGKILL a primary mid-run, its replica takes over, and the
+fleet carries on with no manual step.
+
+Every request then ends with exactly one terminal result, or its waiter is told it is
+lost (``RequestLostError``): replication is asynchronous, so the writes the killed
+primary acked but had not yet sent to its replica are gone (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from batchfleet.schemas.errors import BatchfleetError, RequestLostError
+from batchfleet.schemas.names import Names
+from tests.support.redis_cluster import RedisClusterServers
+from tests.support.transports import make_fleet
+
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow,
+    # Open: after the SIGKILL, redis-py's RedisCluster keeps dialling the dead primary
+    # (connect refused, 100 s) for scripts and pipelines alike instead of re-reading the
+    # topology; the promoted replica is never used. To fix before milestone 2 closes.
+    pytest.mark.xfail(reason="RedisCluster does not re-route to the promoted replica yet",
+                      strict=False)]
+
+N, CHUNK = 2000, 50
+
+
+async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_lost(
+        fresh_redis_cluster: RedisClusterServers) -> None:
+    fleet = make_fleet("redis", fresh_redis_cluster.url, None)
+    names = Names(fleet.namespace, cluster=True)
+    victim = fresh_redis_cluster.primary_of(names.stream("demo-mlp", "interactive"))
+    x = np.random.default_rng(7).random((N, 10), dtype=np.float32)
+    ids = [f"fo-{i}" for i in range(N)]
+    async with fleet.worker(webhooks=False, max_batch_size=64) as worker, \
+            fleet.client() as client:
+
+        async def submit_all() -> int:
+            refused = 0
+            for start in range(0, N, CHUNK):
+                chunk = slice(start, start + CHUNK)
+                while True:  # a submit refused during the failover is retried, same IDs
+                    try:
+                        await client.submit_many("demo-mlp", x[chunk], request_ids=ids[chunk])
+                        break
+                    except BatchfleetError:
+                        refused += 1
+                        await asyncio.sleep(0.2)
+                await asyncio.sleep(0.01)
+            return refused
+
+        submitting = asyncio.create_task(submit_all())
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(fresh_redis_cluster.kill, victim)
+        refused = await submitting
+        await asyncio.to_thread(fresh_redis_cluster.wait_promoted, victim)
+        lost: list[str] = []
+        try:
+            results = await client.wait_many(ids, timeout=90)
+        except RequestLostError as exc:
+            lost = exc.request_ids
+            results = [r for r in (exc.results or []) if r is not None]
+        stored = [r for start in range(0, N, 200) for r in await asyncio.gather(
+            *(client.get(rid) for rid in ids[start:start + 200]))]
+        assert worker.stats.succeeded >= len(results) - len(lost)
+    finished = {r.request_id: r for r in results}
+    assert len(finished) == len(results)  # no ID answered twice
+    assert set(finished) | set(lost) == set(ids) and not set(finished) & set(lost)
+    assert all(r.is_terminal for r in results)
+    for rid, rec in zip(ids, stored, strict=True):  # the waiter got what the store keeps
+        if rid in finished:
+            assert rec is not None and rec.status == finished[rid].status
+    # the run really crossed a failover, and most of it survived it
+    assert fresh_redis_cluster.primaries() and victim not in fresh_redis_cluster.live_ports
+    assert len(lost) < N // 4, (len(lost), refused)
