@@ -25,7 +25,7 @@ import numpy as np
 from batchfleet.bench import fleet
 from batchfleet.bench.plan import CachePlan
 from batchfleet.bench.sweep import worker_option_missing
-from batchfleet.connectors.heartbeats import RedisHeartbeats
+from batchfleet.connectors import open_control_plane
 from batchfleet.demo import demo_inputs
 from batchfleet.schemas.names import Names
 
@@ -71,13 +71,11 @@ def _bulk(svc: fleet.Services, namespace: str, src: Path, dst: Path) -> dict[str
 async def _cache_counters(redis_url: str, namespace: str, expected: int) -> dict[str, int]:
     """The live workers' summed cache counters, once they account for ``expected``
     requests (heartbeats trail the last batch by up to one beat) or the wait ends."""
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(redis_url)
+    plane = open_control_plane(redis_url, Names(namespace))
     keys = ("cache_hits", "cache_coalesced", "cache_misses", "cache_errors")
     totals = dict.fromkeys(keys, 0)
     try:
-        beats = RedisHeartbeats(client, Names(namespace))
+        beats = plane.heartbeats
         deadline = time.monotonic() + _COUNTERS_WAIT_S
         while True:
             records = await beats.read_all()
@@ -86,7 +84,7 @@ async def _cache_counters(redis_url: str, namespace: str, expected: int) -> dict
                 return totals
             await asyncio.sleep(0.5)
     finally:
-        await client.aclose()
+        await plane.close()
 
 
 def _differing_rows(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int | None:

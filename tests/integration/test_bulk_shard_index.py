@@ -36,7 +36,7 @@ async def test_shards_older_than_the_searched_job_ids_are_still_added_up(redis_u
         job = await load_sharded(store, "nightly")
         assert job is not None and job.shards == 2 and sorted(job.records) == [1, 2]
         assert job.status == "finished"
-        ttl = await store._redis.ttl(names.bulk_shards("nightly"))  # noqa: SLF001
+        ttl = await store._redis.ttl(names.bulk_shards("nightly"))
         assert 0 < ttl <= JOB_TTL_S
     finally:
         await store.close()
