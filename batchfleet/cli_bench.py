@@ -67,7 +67,8 @@ def bench(
     seconds: Annotated[float | None, typer.Option(
         help="Length of each measured phase (closed loop, each open-loop load).")] = None,
     max_requests: Annotated[int | None, typer.Option(
-        help="Cap requests per phase (smoke tests).")] = None,
+        help="Cap requests per phase (smoke tests); with --capacity, the requests "
+             "counted (default 20,000).")] = None,
     max_wait_ms: Annotated[float | None, typer.Option(
         help="Worker max_wait_ms for both models (default 5).")] = None,
     mlp_batch_size: Annotated[int | None, typer.Option(
@@ -100,6 +101,13 @@ def bench(
                            "alone and end to end, speedup over eager fp32 and accuracy; "
                            "writes runtimes.json/.md/.png under --out (docs/runtimes.md).")
     ] = False,
+    capacity: Annotated[bool, typer.Option(
+        "--capacity", help="Instead of the fleet bench: count what each request costs Redis "
+                           "(INFO commandstats calls per command, net bytes in and out, "
+                           "memory per queued request and per result) for --max-requests "
+                           "demo-mlp requests (default 20,000) submitted with submit_many, "
+                           "next to the capacity model's prediction; writes capacity.json "
+                           "under --out (docs/scaling.md).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the fleet end to end against the model alone, naive RQ and the
@@ -131,16 +139,19 @@ def bench(
         batchfleet bench --from-json bench-results/bench.json --plot docs/bench-sweep.png
 
         batchfleet bench --runtimes -m demo-encoder --out bench-results/runtimes
+
+        batchfleet bench --capacity --max-requests 20000
     """
     from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
     from batchfleet.bench.run import rerender, run_bench
     from batchfleet.schemas.errors import BatchfleetError
 
-    if runtimes:
-        _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis, max_requests,
-                        as_json)
-        return
+    if capacity:  # a measurement of its own instead of the fleet bench
+        return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis, as_json)
+    if runtimes:  # likewise
+        return _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis,
+                               max_requests, as_json)
     if from_json is not None:
         if not from_json.is_file():
             raise fail(f"--from-json {from_json}: no such file")
@@ -224,4 +235,28 @@ def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: 
                                redis_url=redis, max_requests=max_requests)
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
+    typer.echo(json.dumps(found, indent=2) if as_json else render(found))
+
+
+def _bench_capacity(out: Path, requests: int | None, batch_size: int | None,
+                    max_wait_ms: float | None, redis: str | None, as_json: bool) -> None:
+    """``bench --capacity``: batchfleet/bench/capacity.py."""
+    from batchfleet.bench.capacity import CapacityPlan, render, run_capacity
+    from batchfleet.schemas.errors import BatchfleetError
+
+    plan = CapacityPlan(redis_url=redis)
+    if requests is not None:
+        if requests < 1:
+            raise fail("--max-requests must be at least 1")
+        plan = replace(plan, requests=requests)
+    if batch_size is not None:
+        plan = replace(plan, max_batch_size=batch_size)
+    if max_wait_ms is not None:
+        plan = replace(plan, max_wait_ms=max_wait_ms)
+    try:
+        found = run_capacity(plan)
+    except BatchfleetError as exc:
+        raise fail(str(exc), 1) from exc
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps(found, indent=2))
     typer.echo(json.dumps(found, indent=2) if as_json else render(found))

@@ -124,6 +124,22 @@ class RedisBulkJobs:
             ids = await self._redis.zrevrange(self._names.bulk_jobs, 0, max(0, limit - 1))
         return [_text(i) for i in ids]
 
+    async def index_shard(self, job_id: str, record_id: str, started_at: float,
+                          ttl_s: int) -> None:
+        """Note that ``record_id`` is one shard of ``job_id`` (kept as long as its records)."""
+        key = self._names.bulk_shards(job_id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(key, {record_id: started_at}, nx=True)
+        pipe.expire(key, ttl_s)
+        with wrap_errors(ResultStoreError, f"cannot index a shard of bulk job {job_id}"):
+            await pipe.execute()
+
+    async def shards_of(self, job_id: str) -> list[str]:
+        """The shard record IDs of ``job_id``, in the order they started."""
+        with wrap_errors(ResultStoreError, f"cannot read the shards of bulk job {job_id}"):
+            ids = await self._redis.zrange(self._names.bulk_shards(job_id), 0, -1)
+        return [_text(i) for i in ids]
+
     async def unindex(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             with wrap_errors(ResultStoreError, "cannot list bulk jobs"):

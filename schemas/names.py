@@ -179,6 +179,11 @@ class Names:
         """String with a TTL, held by the one process running a bulk job."""
         return f"{self.plane}:bulk:lease:{job_id}"
 
+    def bulk_shards(self, job_id: str) -> str:
+        """Sorted set of a job's shard record IDs (``JOB.shardK-of-N``) by start time: how
+        ``bulk status JOB`` finds its shards without searching the job index."""
+        return f"{self.prefix}:bulk:shards:{job_id}"
+
     @property
     def bulk_jobs(self) -> str:
         """Sorted set of bulk job IDs by creation time, for ``bulk list``."""

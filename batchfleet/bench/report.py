@@ -149,7 +149,9 @@ def cache_table(report: dict[str, Any]) -> str:
             for label, key in (("cache off", "cache_off"), ("cache on", "cache_on"))
             if key in c]
     return (f"{c['rows']:,} demo-encoder rows, {c['repeats']:,} repeats at least one batch "
-            f"apart; speedup {_fmt(c.get('speedup'), 2)}x.\n\n"
+            f"apart; speedup {_fmt(c.get('speedup'), 2)}x; hit ratio "
+            f"{_fmt(c.get('hit_ratio'), 4)}; rows whose outputs differ: "
+            f"{c.get('differing_rows', 'n/a')}.\n\n"
             + table(("bulk job", "wall s", "rows/s"), rows))
 
 

@@ -36,6 +36,7 @@ from batchfleet.bench.report import render_markdown
 from batchfleet.bench.scenario import Phases, ProfilerFactory, run_scenario
 from batchfleet.bench.sweep import run_slo_row, run_sweep
 from batchfleet.bench.targets import evaluate
+from batchfleet.bench.tracing_cost import tracing_unset_cost
 from batchfleet.connectors.embedded_redis import find_redis_server
 
 Progress = Callable[[str], None]
@@ -302,6 +303,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
         from batchfleet.bench.plot import plot_sweep
 
         report["plot"] = str(plot_sweep(report["sweep"], plan.plot_path, _plot_title(report)))
+    report["tracing_unset"] = tracing_unset_cost()
     report["meta"]["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     report["meta"]["max_other_cores"] = max_other_cores(report)
     report["meta"]["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -20,6 +20,10 @@ MLP_VS_BROKER_LOOP = 0.30
 P99_SLACK_MS = 10.0
 PER_ARRIVAL_P99_MS = 30.0
 OVERHEAD_GOAL_US = 12.0  # was 15
+CACHE_SPEEDUP = 1.8
+#: The cache row's hit ratio must be 50 % within this many percentage points.
+CACHE_HIT_SLACK_PP = 1.0
+TRACING_UNSET_US = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,4 +139,33 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
                                     for p in slo["points"])
             + f" ms; saturation {_num(slo['throughput_rps']):,.0f} req/s = "
             f"{_num(slo.get('throughput_vs_best_fixed')):.2f}x the best fixed setting"))
+    out += _cache_targets(report.get("cache_bulk"))
+    tracing = report.get("tracing_unset")
+    if tracing and not tracing.get("skipped"):
+        out.append(Target(
+            "tracing with OTEL_* unset: added per request", _num(tracing["us_per_request"]),
+            TRACING_UNSET_US, "max", "us",
+            f"worker: {'a' if tracing['worker_tracing_layer'] else 'no'} tracing middleware "
+            f"installed; client: one check per request, "
+            f"{_num(tracing['client_us_per_request']):.3g} us (timeit)"))
     return out
+
+
+def _cache_targets(row: dict[str, Any] | None) -> list[Target]:
+    if not row or row.get("skipped") or row.get("speedup") is None:
+        return []
+    ratio = _num(row.get("hit_ratio"))
+    same = "identical" if row.get("identical_outputs") else (
+        f"NOT identical (max abs diff {_num(row.get('max_abs_diff')):.3g})")
+    return [
+        Target("cache bulk row: cache on / off", _num(row["speedup"]), CACHE_SPEEDUP, "min",
+               "x", f"{row['rows']:,} demo-encoder rows, {row['repeats']:,} repeats; "
+               f"{row['cache_on']['rows_per_s']:,.1f} vs {row['cache_off']['rows_per_s']:,.1f} "
+               f"rows/s; outputs {same}"),
+        Target("cache bulk row: rows whose outputs differ, cache on vs off",
+               _num(row.get("differing_rows")), 0, "max", "rows",
+               f"outputs {same}; bit-for-bit comparison of the two runs' .npy outputs"),
+        Target("cache bulk row: hit ratio off 50%", round(abs(ratio - 0.5) * 100, 2),
+               CACHE_HIT_SLACK_PP, "max", "pp",
+               f"hit ratio {ratio:.2%} (hits and in-batch coalesced / cache-enabled requests)"),
+    ]

@@ -45,7 +45,7 @@ from batchfleet.producers.bulk.report import JobReport
 from batchfleet.producers.bulk.rows import Position
 from batchfleet.producers.bulk.sources import JsonlSource, Source, open_source
 from batchfleet.producers.bulk.spec import JobSpec, Tuning
-from batchfleet.producers.bulk.state import DatasetProgress, JobRecord, JobStore
+from batchfleet.producers.bulk.state import JOB_TTL_S, DatasetProgress, JobRecord, JobStore
 from batchfleet.producers.bulk.storage import exists, open_read, publish, remove
 from batchfleet.producers.client import AsyncClient
 from batchfleet.schemas.names import Names
@@ -158,6 +158,8 @@ async def run_dataset(spec: DatasetSpec, endpoints: Endpoints, *, tuning: Tuning
     jobs = JobStore(bulk_jobs, spec.record_id)
     try:
         record = await jobs.claim(spec, total, restart)
+        if spec.shard.of > 1:
+            await bulk_jobs.index_shard(spec.job_id, spec.record_id, time.time(), JOB_TTL_S)
         if restart:
             shutil.rmtree(spec.staging, ignore_errors=True)
         try:

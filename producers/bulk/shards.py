@@ -2,9 +2,10 @@
 
 Each runner owns its record (``JOB.shardK-of-N``), so no runner ever writes
 another's state and each resumes on its own; nothing writes a parent record.
-The shards are found through the job index (one ``ZREVRANGE`` of recent job
-IDs), and a shard that has not started yet is reported as such, not
-silently left out of the sum.
+Each runner notes its record in the job's shard index when it starts, so the
+shards are found in one ``ZRANGE`` however many jobs exist; jobs started before
+that index existed are found by searching the newest job IDs instead. A shard
+that has not started yet is reported as such, not silently left out of the sum.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from batchfleet.connectors.control_plane import BulkJobStore
 from batchfleet.producers.bulk.state import JobRecord, load_job
 
 _SHARD_SUFFIX: Final = re.compile(r"^\.shard(\d+)-of-(\d+)$")
-#: How many of the newest job IDs are searched for a job's shards.
+#: How many of the newest job IDs are searched for the shards of a job with no shard index.
 SCAN_JOBS: Final = 10_000
 #: The combined status: the first of these any shard has wins (finished only if all are).
 _PRECEDENCE: Final = ("error", "interrupted", "running", "retrying", "cancelled",
@@ -63,7 +64,9 @@ class ShardedJob:
 async def load_sharded(store: BulkJobStore, job_id: str) -> ShardedJob | None:
     """The job's shard records, or None when it has none. When the job was split more
     than one way (say 1/2, later 1/3), the split of the most recently updated shard."""
-    ids = [i for i in await store.recent(SCAN_JOBS) if i.startswith(job_id)]
+    ids = await store.shards_of(job_id)
+    if not ids:  # a job from before the shard index
+        ids = [i for i in await store.recent(SCAN_JOBS) if i.startswith(job_id)]
     by_split: dict[int, dict[int, JobRecord]] = {}
     for record_id in ids:
         match = _SHARD_SUFFIX.match(record_id[len(job_id):])

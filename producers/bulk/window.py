@@ -35,6 +35,24 @@ from batchfleet.schemas.names import LANE_BULK
 log = structlog.get_logger("batchfleet.bulk")
 
 Entry = tuple[int, Row]  # (sequence number in this pass, row)
+#: How long a cancelled task gets before it is cancelled again.
+_RECANCEL_S = 0.5
+
+
+async def cancel_until_done(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that is still running.
+
+    One ``cancel()`` is not always enough on Python 3.11: ``asyncio.wait_for`` (used by
+    the SDK's waits and redis-py) drops a cancel that lands as its inner call finishes
+    (fixed in 3.12). A feeder that dropped it went on to wait for a slot the stopped
+    writer would never free, and a cancelled bulk job never returned.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=_RECANCEL_S)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Slots:
@@ -43,12 +61,20 @@ class Slots:
     def __init__(self, size: int) -> None:
         self._free = size
         self._freed = asyncio.Event()
+        self._closed = False
 
     async def acquire(self, n: int) -> None:
         while self._free < n:
+            if self._closed:
+                raise asyncio.CancelledError("the window is closed")
             self._freed.clear()
             await self._freed.wait()
         self._free -= n
+
+    def close(self) -> None:
+        """No slot is ever freed again (the writer stopped): a waiting feeder ends."""
+        self._closed = True
+        self._freed.set()
 
     def release(self, n: int = 1) -> None:
         self._free += n
@@ -83,10 +109,8 @@ class Scorer:
         try:
             return await self._drain(write, tick)
         finally:
-            tasks = [feed, *self._collectors]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._slots.close()
+            await cancel_until_done([feed, *self._collectors])
 
     async def _drain(self, write: Callable[[Row, Result], None],
                      tick: Callable[[], Awaitable[bool]]) -> bool:

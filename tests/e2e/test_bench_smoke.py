@@ -118,6 +118,9 @@ def _check_targets(report: dict[str, Any], transports: list[str]) -> None:
         assert f"demo-mlp caller-side p99 at 50%, submit_many producers ({transport})" in names
         assert f"demo-mlp caller-side p99 at 50%, one submit() per arrival ({transport})" in names
     assert all(isinstance(t["met"], bool) for t in report["targets"])
+    tracing = report["tracing_unset"]  # the tests never set OTEL_*
+    assert tracing["worker_tracing_layer"] is False and tracing["us_per_request"] >= 0
+    assert "tracing with OTEL_* unset: added per request" in names
 
 
 def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:

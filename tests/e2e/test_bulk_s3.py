@@ -64,6 +64,14 @@ def _part_table(index: int) -> tuple[Any, np.ndarray[Any, Any]]:
     return pa.table({"custom_id": ids, "inputs": column}), x
 
 
+async def _shard_index(redis_url: str, job_id: str) -> list[str]:
+    client = redis_client(redis_url)
+    try:
+        return await RedisBulkJobs(client, Names()).shards_of(job_id)
+    finally:
+        await client.aclose()
+
+
 async def _record(redis_url: str, job_id: str) -> Any:
     client = redis_client(redis_url)
     try:
@@ -187,6 +195,8 @@ async def test_sharded_s3_parquet_dataset_killed_and_resumed_matches_the_local_r
     assert status["status"] == "finished" and status["shards"] == 2
     assert status["rows_done"] == status["total"] == N_PARTS * PART_ROWS
     assert status["parts_done"] == status["parts"] == N_PARTS
+    assert sorted(await _shard_index(redis_url, "nightly")) == [  # found without a search
+        "nightly.shard1-of-2", "nightly.shard2-of-2"]
 
 
 async def test_local_jsonl_parts_from_a_glob_and_a_directory(

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchfleet.bench.cache_row import _differing_rows, _hit_ratio
+from batchfleet.bench.targets import evaluate
+
+pytestmark = pytest.mark.unit
+
+
+def _cache_row(speedup: float, hit_ratio: float, differing: int) -> dict[str, object]:
+    return {"rows": 20_000, "repeats": 10_000, "speedup": speedup, "hit_ratio": hit_ratio,
+            "identical_outputs": differing == 0, "differing_rows": differing,
+            "max_abs_diff": 0.0 if differing == 0 else 1e-3,
+            "cache_on": {"rows_per_s": 600.0}, "cache_off": {"rows_per_s": 300.0}}
+
+
+def test_the_cache_row_is_met_only_when_fast_identical_and_half_hits() -> None:
+    met = {t.name: t.met for t in evaluate({"cache_bulk": _cache_row(1.9, 0.503, 0)})}
+    assert met == {"cache bulk row: cache on / off": True,
+                   "cache bulk row: rows whose outputs differ, cache on vs off": True,
+                   "cache bulk row: hit ratio off 50%": True}
+    missed = {t.name: t.met for t in evaluate({"cache_bulk": _cache_row(1.7, 0.52, 3)})}
+    assert not any(missed.values())
+
+
+def test_a_skipped_cache_row_adds_no_target() -> None:
+    assert evaluate({"cache_bulk": {"skipped": "no --cache-ttl-s"}}) == []
+
+
+def test_rows_that_differ_are_counted_bit_for_bit() -> None:
+    a = np.zeros((4, 3), np.float32)
+    b = a.copy()
+    b[1, 2] = np.float32(1e-7)
+    b[3, 0] = -0.0  # equal under ==, as a cached copy of the same float is
+    assert _differing_rows(a, b) == 1
+    assert _differing_rows(a, a[:2]) is None
+
+
+def test_the_hit_ratio_counts_coalesced_answers_as_hits() -> None:
+    assert _hit_ratio({"cache_hits": 9_000, "cache_coalesced": 1_000, "cache_misses": 10_000,
+                       "cache_errors": 0}) == 0.5
+    assert _hit_ratio({"cache_hits": 0, "cache_coalesced": 0, "cache_misses": 0,
+                       "cache_errors": 0}) is None
+
+
+def test_tracing_off_is_a_target_and_a_tracing_layer_would_show() -> None:
+    (t,) = evaluate({"tracing_unset": {"us_per_request": 0.03, "client_us_per_request": 0.03,
+                                       "worker_tracing_layer": False}})
+    assert t.met and "no tracing middleware" in t.detail
