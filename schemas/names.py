@@ -182,7 +182,7 @@ class Names:
     def bulk_shards(self, job_id: str) -> str:
         """Sorted set of a job's shard record IDs (``JOB.shardK-of-N``) by start time: how
         ``bulk status JOB`` finds its shards without searching the job index."""
-        return f"{self.prefix}:bulk:shards:{job_id}"
+        return f"{self.plane}:bulk:shards:{job_id}"
 
     @property
     def bulk_jobs(self) -> str:
