@@ -37,14 +37,19 @@ MAX_NAMED_TENSORS: Final = 64
 def encode_tensor(array: Array) -> dict[str, Any]:
     """Encode one array. Big-endian input is byte-swapped; other dtypes are refused."""
     arr = np.asarray(array)
-    name = _NAME_OF.get(arr.dtype.newbyteorder("<").str) if arr.dtype.byteorder == ">" else None
-    name = name or _NAME_OF.get(arr.dtype.str)
+    name = wire_dtype(arr.dtype)
     if name is None:
         raise ValidationError(f"dtype {arr.dtype} is not supported; use one of {sorted(DTYPES)}")
     if arr.ndim > MAX_NDIM:
         raise ValidationError(f"tensor has {arr.ndim} dimensions; at most {MAX_NDIM} are allowed")
     data = np.ascontiguousarray(arr, dtype=DTYPES[name]).tobytes()
     return {"dtype": name, "shape": list(arr.shape), "data": data}
+
+
+def wire_dtype(dtype: np.dtype[Any]) -> str | None:
+    """The wire name of a dtype (big-endian ones are sent swapped); None: not sendable."""
+    name = _NAME_OF.get(dtype.newbyteorder("<").str) if dtype.byteorder == ">" else None
+    return name or _NAME_OF.get(dtype.str)
 
 
 #: (dtype name, shape) -> (dtype, byte count, shape): validated once, then a dict lookup.
@@ -58,16 +63,28 @@ def decode_tensor(obj: Any, where: str = "inputs") -> Array:
     This runs once per request on the worker's hot path, so a (dtype, shape) pair
     is validated the first time it is seen and only looked up afterwards.
     """
+    spec = cached_spec(obj)
+    if spec is not None:
+        return np.frombuffer(obj["data"], dtype=spec[0]).reshape(spec[2])
+    return _decode_tensor_checked(obj, where)
+
+
+def cached_spec(obj: Any) -> tuple[np.dtype[Any], int, tuple[int, ...]] | None:
+    """(dtype, byte count, shape) of a tensor map that is valid on a warm cache, else None.
+
+    None means "run the full check": it is how both decoders (one request, or a batch
+    in ``schemas.batch_decode``) agree on exactly which tensors take the fast path.
+    """
     try:
         data, shape = obj["data"], obj["shape"]
         # is_shape first: 10.0 and True hash like 10 and 1, so the cache alone would
         # accept on a warm cache what the full check refuses on a cold one.
         spec = _SPECS.get((obj["dtype"], *shape)) if is_shape(shape) else None
     except (TypeError, KeyError):
-        spec = None
+        return None
     if spec is not None and type(data) is bytes and len(data) == spec[1]:
-        return np.frombuffer(data, dtype=spec[0]).reshape(spec[2])
-    return _decode_tensor_checked(obj, where)
+        return spec
+    return None
 
 
 def _decode_tensor_checked(obj: Any, where: str) -> Array:

@@ -32,10 +32,10 @@ from batchfleet.connectors.result_store import ResultStore, TerminalWrite
 from batchfleet.schemas.envelopes import (
     MAX_EXACT_INT,
     ErrorInfo,
-    encode_result,
     lua_exact_generation,
 )
 from batchfleet.schemas.errors import ResultStoreError, TransportError
+from batchfleet.schemas.result_template import encode_results
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.failures import Disposition, FailurePolicy
 from batchfleet.workers.intake import Answer, Job
@@ -144,10 +144,10 @@ class ResultWriter:
         settled = (await self.retrying("failure policy", self._policy.on_failures, failed)
                    if failed else Disposition())
         all_answers = [storable(a) for a in (*answers, *settled.answers)]
+        bodies = encode_results([a.result for a in all_answers])
         writes = [
-            TerminalWrite(a.result.request_id, a.result.status, encode_result(a.result),
-                          a.notify, a.generation)
-            for a in all_answers
+            TerminalWrite(a.result.request_id, a.result.status, body, a.notify, a.generation)
+            for a, body in zip(all_answers, bodies, strict=True)
         ]
         hooked = [a for a in all_answers if a.callback_url]
         if hooked and self._callbacks is not None:

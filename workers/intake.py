@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.dead_letters import Undecodable
+from batchfleet.schemas.batch_decode import decode_common
 from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,
     ErrorInfo,
@@ -27,7 +29,12 @@ from batchfleet.schemas.envelopes import (
 )
 from batchfleet.schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
 from batchfleet.schemas.validation import check_notify
-from batchfleet.workers.models.handler import ModelHandler, validate_request
+from batchfleet.workers.models.handler import (
+    ModelHandler,
+    check_inputs,
+    run_validate_hook,
+    validate_request,
+)
 from batchfleet.workers.runner import BatchRun
 
 EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
@@ -90,51 +97,99 @@ def decode_deliveries(
     limits: Limits = DEFAULT_LIMITS,
     now: float | None = None,
 ) -> Intake:
+    """Decode a fetch in one pass (``schemas.batch_decode``); a delivery off its common
+    path, or refused after it, goes through the single-request path, which says why."""
     now = time.time() if now is None else now
     out = Intake()
-    for delivery in deliveries:
+    checked: set[tuple[Any, ...]] = set()
+    decoded = decode_common([d.payload for d in deliveries], limits)
+    for delivery, request in zip(deliveries, decoded, strict=True):
         try:
-            header = decode_request_header(delivery.payload, limits)
-        except DecodeError as exc:
-            if exc.request_id is None:
-                where = f"{delivery.model}/{delivery.lane}"
-                out.undecodable.append((delivery, Undecodable(delivery.payload, str(exc), where)))
-                continue
-            out.answers.append(answer_without_compute(
-                delivery, _partial_request(exc.request_id, delivery.model, exc.peeked),
-                "failed", ErrorInfo.from_exception(exc), now))
-            continue
-        try:
-            request = request_from_header(header)
-            # a version lane (``demo-mlp@v2``) carries its model's requests
-            if request.model != delivery.model.partition("@")[0]:
-                raise ValidationError(
-                    f"request names model {request.model!r} but was published to the "
-                    f"{delivery.model!r} lane"
-                )
-            handler = handlers.get(request.model)
-            if handler is None:
-                raise UnknownModelError(
-                    f"model {request.model!r} is not served here (serving: {', '.join(handlers)})"
-                )
-            validate_request(handler, request.inputs)
-        except (SchemaError, UnknownModelError) as exc:
+            runnable = request is not None and _runnable(request, delivery, handlers, checked)
+        except SchemaError as exc:  # refused by the spec or the handler's hook
+            header = decode_request_header(delivery.payload, limits)  # decoded a moment ago
             out.answers.append(answer_without_compute(
                 delivery, _partial_request(header.request_id, header.model, header.raw),
                 "failed", ErrorInfo.from_exception(exc), now))
-            continue
-        if request.deadline_at is not None and request.deadline_at <= now:
-            out.answers.append(answer_without_compute(delivery, request, "expired", EXPIRED, now))
-            continue
-        out.jobs.append(Job(delivery, request))
+        else:
+            if runnable and request is not None:
+                _admit(delivery, request, now, out)
+            else:
+                _decode_one(delivery, handlers, limits, now, out)
     return out
+
+
+def _admit(delivery: Delivery, request: Request, now: float, out: Intake) -> None:
+    """A valid request: a job, or an ``expired`` answer once its deadline has passed."""
+    if request.deadline_at is not None and request.deadline_at <= now:
+        out.answers.append(answer_without_compute(delivery, request, "expired", EXPIRED, now))
+    else:
+        out.jobs.append(Job(delivery, request))
+
+
+def _runnable(request: Request, delivery: Delivery, handlers: Mapping[str, ModelHandler],
+              checked: set[tuple[Any, ...]]) -> bool:
+    """:func:`validate_request` for a request the batch decoder read: False leaves a wrong
+    lane or an unknown model to the slow path, which says why; a refusal raises.
+
+    The spec check depends only on the model and the input's dtype and shape (the batch
+    decoder makes single tensors only), so it runs once per such triple in a fetch.
+    """
+    handler = handlers.get(request.model)
+    if handler is None or request.model != delivery.model.partition("@")[0]:
+        return False
+    inputs = request.inputs
+    key = (request.model, inputs.dtype.str, inputs.shape)  # type: ignore[union-attr]
+    if key not in checked:
+        check_inputs(handler.input_spec, inputs)
+        checked.add(key)
+    run_validate_hook(handler, inputs)
+    return True
+
+
+def _decode_one(delivery: Delivery, handlers: Mapping[str, ModelHandler], limits: Limits,
+                now: float, out: Intake) -> None:
+    """One delivery through the single-request decoder, into ``out``."""
+    try:
+        header = decode_request_header(delivery.payload, limits)
+    except DecodeError as exc:
+        if exc.request_id is None:
+            where = f"{delivery.model}/{delivery.lane}"
+            out.undecodable.append((delivery, Undecodable(delivery.payload, str(exc), where)))
+            return
+        out.answers.append(answer_without_compute(
+            delivery, _partial_request(exc.request_id, delivery.model, exc.peeked),
+            "failed", ErrorInfo.from_exception(exc), now))
+        return
+    try:
+        request = request_from_header(header)
+        # a version lane (``demo-mlp@v2``) carries its model's requests
+        if request.model != delivery.model.partition("@")[0]:
+            raise ValidationError(
+                f"request names model {request.model!r} but was published to the "
+                f"{delivery.model!r} lane"
+            )
+        handler = handlers.get(request.model)
+        if handler is None:
+            raise UnknownModelError(
+                f"model {request.model!r} is not served here (serving: {', '.join(handlers)})"
+            )
+        validate_request(handler, request.inputs)
+    except (SchemaError, UnknownModelError) as exc:
+        out.answers.append(answer_without_compute(
+            delivery, _partial_request(header.request_id, header.model, header.raw),
+            "failed", ErrorInfo.from_exception(exc), now))
+        return
+    _admit(delivery, request, now, out)
 
 
 def answers_from_run(
     model: str, version: str, jobs: Sequence[Job], run: BatchRun
 ) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
     """Succeeded answers for the outputs, and (job, error) pairs for the failure policy."""
-    finished_at = run.started_at + run.compute_s
+    # One object per batch-wide field: the result template recognises a batch by identity.
+    started_at, compute_ms, size = run.started_at, run.compute_s * 1000.0, len(jobs)
+    finished_at = started_at + run.compute_s
     answers: list[Answer] = []
     failed: list[tuple[Job, ErrorInfo]] = []
     for job, output in zip(jobs, run.outputs, strict=True):
@@ -143,13 +198,12 @@ def answers_from_run(
         if isinstance(output, BaseException):
             failed.append((job, ErrorInfo.from_exception(output)))
             continue
+        # positional, in field order: this runs once per request
         result = Result(
-            request_id=req.request_id, status="succeeded", outputs=output, model=model,
-            model_version=version, attempts=req.attempt, enqueued_at=req.enqueued_at,
-            started_at=run.started_at, finished_at=finished_at,
-            queue_ms=max(0.0, (run.started_at - req.enqueued_at) * 1000.0),
-            compute_ms=run.compute_s * 1000.0, batch_size=len(jobs), generation=req.generation,
-            owner=req.owner,
+            req.request_id, "succeeded", output, None, model, version, req.attempt,
+            req.enqueued_at, started_at, finished_at,
+            max(0.0, (started_at - req.enqueued_at) * 1000.0), compute_ms, size,
+            req.generation, {}, req.owner,
         )
         answers.append(Answer(job.delivery, result, req.notify, req.generation,
                               req.callback_url))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -38,13 +38,15 @@ class TensorSpec:
 
     dtype: str
     shape: tuple[int, ...]
+    #: Computed once: intake compares every request's signature with it.
+    signature: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signature",
+                           (np.dtype(self.dtype).newbyteorder("<").str, self.shape))
 
     def describe(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
-
-    @property
-    def signature(self) -> tuple[Any, ...]:
-        return (np.dtype(self.dtype).newbyteorder("<").str, self.shape)
 
 
 def check_inputs(spec: TensorSpec | None, inputs: Tensors) -> None:
@@ -72,6 +74,11 @@ def validate_request(handler: ModelHandler, inputs: Tensors) -> None:
     own ``validate`` hook where it has one. Whatever the hook raises refuses the request
     (as an :class:`InvalidInputError` unless it is already a validation error)."""
     check_inputs(handler.input_spec, inputs)
+    run_validate_hook(handler, inputs)
+
+
+def run_validate_hook(handler: ModelHandler, inputs: Tensors) -> None:
+    """The handler's ``validate`` hook, if it has one (see :func:`validate_request`)."""
     hook = getattr(handler, "validate", None)
     if hook is None:
         return
