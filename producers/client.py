@@ -1,10 +1,9 @@
 """The SDK upstream services use: ``AsyncClient`` and its blocking twin ``Client``.
 
-A submit records a ``pending`` result (never overwriting an existing one),
-then publishes the request. A duplicate submit of a finished request ID is
-not run again; a duplicate of a pending one is published again, which is
-harmless because the first terminal result wins. ``submit_many`` does both
-steps for a whole chunk in one round trip each.
+What a submit sends, and in which order, is ``producers.sending``. Requests are
+encoded from a template per model and options (``schemas.request_template``),
+and every submit, single or many, goes through one coalescer, so concurrent
+callers share round trips.
 """
 
 from __future__ import annotations
@@ -19,15 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from batchfleet.connectors import (
-    BrokerURL,
-    OutboundMessage,
-    SubmitState,
-    open_publisher,
-    open_result_store,
-    results_url_for,
-)
-from batchfleet.connectors.errors import store_full
+from batchfleet.connectors import BrokerURL, open_publisher, open_result_store, results_url_for
 from batchfleet.connectors.model_registry import model_registry_for
 from batchfleet.connectors.redis_pressure import RedisPressure
 from batchfleet.connectors.redis_streams import RedisStreamsPublisher
@@ -42,19 +33,18 @@ from batchfleet.connectors.tracing import format_traceparent
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
+from batchfleet.producers.sending import Outgoing, Sender
 from batchfleet.producers.waiting import ResultWaiter
-from batchfleet.schemas.envelopes import Request, Result, encode_request, encode_result
+from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import (
-    BatchfleetError,
     OverloadedError,
     RequestLostError,
-    ResultStoreError,
-    TransportError,
     ValidationError,
     WaitTimeoutError,
 )
-from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_lane
+from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_request_id
 from batchfleet.schemas.registry import ModelRecord, TensorSpec, UnregisteredModelError
+from batchfleet.schemas.request_template import RequestTemplate
 from batchfleet.schemas.tensors import as_array
 
 if TYPE_CHECKING:
@@ -69,23 +59,27 @@ PRIORITIES = {"interactive": LANE_INTERACTIVE, "high": LANE_INTERACTIVE,
 SUBMIT_CHUNK = 1000
 #: Models whose registry answer is cached at once; past it the cache starts over.
 _MAX_CACHED_MODELS = 1024
+#: Encoding templates kept at once (one per model and set of submit options).
+_MAX_TEMPLATES = 1024
+#: (model, lane, callback_url, owner, version, routing_key, cache): what a template fixes.
+TemplateKey = tuple[str, str, str | None, str | None, str | None, str | None, bool]
 
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _span_attributes(req: Request) -> dict[str, str]:
-    return {"batchfleet.request_id": req.request_id, "batchfleet.model": req.model,
-            "batchfleet.lane": req.lane}
+def _span_attributes(request_id: str, template: RequestTemplate) -> dict[str, str]:
+    return {"batchfleet.request_id": request_id, "batchfleet.model": template.model,
+            "batchfleet.lane": template.lane}
 
 
-def _submit_span(tracer: Tracer, req: Request) -> str:
+def _submit_span(tracer: Tracer, request_id: str, template: RequestTemplate) -> str:
     """One short submit span per request of a ``submit_many`` (its chunk is sent later)."""
     from opentelemetry.trace import SpanKind
 
     span = tracer.start_span("batchfleet.submit", kind=SpanKind.PRODUCER,
-                             attributes=_span_attributes(req))
+                             attributes=_span_attributes(request_id, template))
     span.end()
     return format_traceparent(span.get_span_context())
 
@@ -127,8 +121,6 @@ class AsyncClient:
         self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
         self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s)
         self._check_model = check_model
-        self._singles: Coalescer[tuple[Request, bytes, str | None]] = Coalescer(self._send,
-                                                                                SUBMIT_CHUNK)
         self._registry = model_registry_for(self._store)
         #: model -> (monotonic read time, declared input spec). Re-read after the TTL, so a
         #: retired model is refused again and a new declaration's spec is seen; a miss is
@@ -138,6 +130,10 @@ class AsyncClient:
         #: crc32(request ID) % K (``shard_for``). Unread (check_model=False): shard 0.
         self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
+        self._templates: dict[TemplateKey, RequestTemplate] = {}
+        sender = Sender(self._store, self._publisher, self._waiter, self._shards)
+        #: Every submit, single or many, goes out through here (``producers.coalescing``).
+        self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK)
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
         self._results_on_broker = (parsed.kind == "redis"
                                    and results_url_for(parsed, results) == parsed.url)
@@ -172,21 +168,23 @@ class AsyncClient:
         await self._publisher.close()
         await self._store.close()
 
-    def _request(
-        self, model: str, inputs: Any, request_id: str | None, priority: str,
-        deadline_s: float | None, callback_url: str | None, now: float, owner: str | None = None,
-        version: str | None = None, routing_key: str | None = None, cache: bool = True,
-    ) -> Request:
-        lane = PRIORITIES.get(priority, priority)
-        check_lane(lane)
+    def _template(self, model: str, priority: str, deadline_s: float | None,
+                  callback_url: str | None, owner: str | None, version: str | None,
+                  routing_key: str | None, cache: bool) -> RequestTemplate:
+        """The encoder for these options: built (and its fields validated) once, then reused."""
         if deadline_s is not None and deadline_s <= 0:
             raise ValidationError(f"deadline_s must be positive, got {deadline_s}")
-        return Request(
-            request_id=request_id or new_request_id(), model=model, inputs=inputs, lane=lane,
-            enqueued_at=now, deadline_at=None if deadline_s is None else now + deadline_s,
-            callback_url=callback_url, notify=self.client_id, owner=owner,
-            version=version, routing_key=routing_key, cache=cache,
-        )
+        key = (model, PRIORITIES.get(priority, priority), callback_url, owner, version,
+               routing_key, cache)
+        template = self._templates.get(key)
+        if template is None:
+            template = RequestTemplate(
+                model, key[1], notify=self.client_id, callback_url=callback_url, owner=owner,
+                version=version, routing_key=routing_key, cache=cache)
+            if len(self._templates) >= _MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[key] = template
+        return template
 
     async def submit(
         self, model: str, inputs: Any, *, request_id: str | None = None,
@@ -214,26 +212,30 @@ class AsyncClient:
             self._callback_policy.check_url(callback_url)
         spec = await self.ensure_model(model)
         await self._waiter.start()
-        req = self._request(model, inputs, request_id, priority, deadline_s, callback_url,
-                            time.time(), owner, version, routing_key, cache)
-        _check_declared(spec, req.inputs)
-        await self._admission.check(model, req.lane)
+        template = self._template(model, priority, deadline_s, callback_url, owner, version,
+                                  routing_key, cache)
+        rid = check_request_id(request_id) if request_id else new_request_id()
+        _check_declared(spec, inputs)
+        await self._admission.check(model, template.lane)
+        now = time.time()
+        deadline_at = None if deadline_s is None else now + deadline_s
+        ownership = Ownership(owner, fingerprint, self.client_id)
         if self._tracer is None:
-            await self._singles.submit((req, encode_request(req), fingerprint))
-        else:
-            await self._submit_traced(self._tracer, req, fingerprint)
-        return req.request_id
-
-    async def _submit_traced(self, tracer: Tracer, req: Request, fingerprint: str | None
-                             ) -> None:
-        """The submit span covers the round trips; its context travels with the request."""
+            await self._outbox.submit(Outgoing(
+                rid, template.encode(rid, now, inputs, deadline_at), template.pending(rid, now),
+                template, ownership))
+            return rid
         from opentelemetry.trace import SpanKind
 
-        with tracer.start_as_current_span(
+        # The submit span covers the round trips; its context travels with the request.
+        with self._tracer.start_as_current_span(
                 "batchfleet.submit", kind=SpanKind.PRODUCER,
-                attributes=_span_attributes(req)) as span:
-            req.traceparent = format_traceparent(span.get_span_context())
-            await self._singles.submit((req, encode_request(req), fingerprint))
+                attributes=_span_attributes(rid, template)) as span:
+            parent = format_traceparent(span.get_span_context())
+            await self._outbox.submit(Outgoing(
+                rid, template.encode(rid, now, inputs, deadline_at, parent),
+                template.pending(rid, now), template, ownership, parent))
+        return rid
 
     async def submit_many(
         self, model: str, inputs: Iterable[Any], *, request_ids: Sequence[str] | None = None,
@@ -254,19 +256,28 @@ class AsyncClient:
             self._callback_policy.check_url(callback_url)
         spec = await self.ensure_model(model)
         await self._waiter.start()
+        template = self._template(model, priority, deadline_s, callback_url, owner, version,
+                                  routing_key, cache)
+        ownership = Ownership(owner, fingerprint, self.client_id)
+        tracer = self._tracer
         ids: list[str] = []
-        chunk: list[tuple[Request, bytes, str | None]] = []
+        chunk: list[Outgoing] = []
         id_iter = iter(request_ids) if request_ids is not None else None
         for item in inputs:
-            rid = next(id_iter, None) if id_iter is not None else None
-            if id_iter is not None and rid is None:
-                raise ValidationError("request_ids is shorter than inputs")
-            req = self._request(model, item, rid, priority, deadline_s, callback_url, time.time(),
-                                owner, version, routing_key, cache)
-            _check_declared(spec, req.inputs)
-            if self._tracer is not None:
-                req.traceparent = _submit_span(self._tracer, req)
-            chunk.append((req, encode_request(req), fingerprint))
+            if id_iter is None:
+                rid = new_request_id()
+            else:
+                given = next(id_iter, None)
+                if given is None:
+                    raise ValidationError("request_ids is shorter than inputs")
+                rid = check_request_id(given) if given else new_request_id()
+            _check_declared(spec, item)
+            now = time.time()
+            parent = None if tracer is None else _submit_span(tracer, rid, template)
+            chunk.append(Outgoing(
+                rid, template.encode(rid, now, item, None if deadline_s is None
+                                     else now + deadline_s, parent),
+                template.pending(rid, now), template, ownership, parent))
             if len(chunk) >= SUBMIT_CHUNK:
                 await self._send_admitted(chunk, ids)
                 chunk = []
@@ -274,16 +285,22 @@ class AsyncClient:
             await self._send_admitted(chunk, ids)
         return ids
 
-    async def _send_admitted(self, chunk: list[tuple[Request, bytes, str | None]],
-                             sent: list[str]) -> None:
+    async def _send_admitted(self, chunk: list[Outgoing], sent: list[str]) -> None:
         """Send a chunk if admission allows; a refusal names what was already sent."""
         try:
-            await self._admission.check(chunk[0][0].model, chunk[0][0].lane, len(chunk))
-            await self._send(chunk)
+            await self._admission.check(chunk[0].template.model, chunk[0].template.lane,
+                                        len(chunk))
         except OverloadedError as exc:
             exc.accepted = list(sent)
             raise
-        sent.extend(req.request_id for req, _, _ in chunk)
+        try:
+            await self._outbox.submit_many(chunk)
+        except OverloadedError as exc:
+            # A full store. Concurrent callers may share this send, and so its error.
+            refused = OverloadedError(str(exc), exc.retry_after_s)
+            refused.accepted = list(sent)
+            raise refused from exc
+        sent.extend(o.request_id for o in chunk)
 
     async def ensure_model(self, model: str) -> TensorSpec | None:
         """Refuse a model that is neither served nor declared (UnregisteredModelError, an
@@ -317,43 +334,6 @@ class AsyncClient:
         live with ``record.live_workers(time.time())``; ``record.summary(now)`` is the
         ``GET /v1/models`` entry). Two round trips, however many models."""
         return await self._registry.records()
-
-    async def _send(self, chunk: list[tuple[Request, bytes, str | None]]) -> None:
-        pending = [
-            (req.request_id, encode_result(Result(
-                req.request_id, "pending", model=req.model, enqueued_at=req.enqueued_at,
-                owner=req.owner)))
-            for req, _, _ in chunk
-        ]
-        try:
-            states = await self._store.put_pending(
-                pending, [Ownership(req.owner, fp, req.notify) for req, _, fp in chunk])
-        except ResultStoreError as exc:
-            _raise_if_full(exc)
-            raise
-        # before publishing, so that even the quickest announcement finds them expected
-        self._waiter.expect([rid for (rid, _), state in zip(pending, states, strict=True)
-                             if state == SubmitState.NEW])
-        try:
-            await self._publisher.publish([
-                OutboundMessage(req.model, req.lane, req.request_id, payload, req.traceparent,
-                                self._shards.get(req.model, 1))
-                for (req, payload, _), state in zip(chunk, states, strict=True)
-                if state in (SubmitState.NEW, SubmitState.PENDING)
-            ])
-        except TransportError as exc:
-            # Nothing was queued for the records this call created: withdraw them, so a
-            # retry with the same ID (an idempotent resubmit) publishes instead of finding
-            # a pending record that no message will ever answer.
-            created = [rid for (rid, _), state in zip(pending, states, strict=True)
-                       if state == SubmitState.NEW]
-            try:
-                await self._store.withdraw_pending(created)
-            except ResultStoreError as undo:
-                log.warning("could not withdraw the records of a failed submit",
-                            error=str(undo), request_ids=len(created))
-            _raise_if_full(exc)
-            raise
 
     async def get(self, request_id: str) -> Result | None:
         """The current result (``pending`` or terminal), or None for an unknown ID."""
@@ -465,13 +445,6 @@ def _check_declared(spec: TensorSpec | None, inputs: Any) -> None:
     """Inputs off a declared spec are refused at submit, before anything is enqueued."""
     if spec is not None:
         spec.check(inputs if isinstance(inputs, dict) else as_array(inputs))
-
-
-def _raise_if_full(exc: BatchfleetError) -> None:
-    """Redis refusing writes at ``maxmemory`` (a burst crossed the admission mark between
-    two readings) is overload too: retryable, and nothing half-done needs undoing."""
-    if store_full(exc):
-        raise OverloadedError(f"Redis is full: {exc}", retry_after_s=1.0) from exc
 
 
 async def _make_async(broker: str, results: str | None, options: dict[str, Any]) -> AsyncClient:

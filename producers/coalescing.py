@@ -1,4 +1,4 @@
-"""Coalescing single submits: many concurrent ``submit()`` calls, few round trips.
+"""Coalescing submits: many concurrent ``submit()`` calls, few round trips.
 
 A service that submits one request per incoming call (the gateway, an async web
 handler) would otherwise pay two round trips per request. This is group
@@ -6,6 +6,8 @@ commit: at most ``max_in_flight`` sends run at once; submits that arrive while
 they do are queued and go out together, chunked, when one finishes. A lone
 submit is flushed on the very next event-loop turn, so there is no added delay
 when there is no concurrency, and the cost per request falls as load rises.
+``submit_many`` queues a group that is never split, so small concurrent
+``submit_many`` calls share round trips too.
 """
 
 from __future__ import annotations
@@ -25,15 +27,21 @@ class Coalescer(Generic[T]):
         self._max_in_flight = max_in_flight
         self._in_flight = 0
         self._flush_scheduled = False
-        self._queued: list[tuple[T, asyncio.Future[None]]] = []
+        self._queued: list[tuple[Sequence[T], asyncio.Future[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> None:
         """Returns once ``item`` was sent, together with whatever queued up alongside it."""
+        await self.submit_many((item,))
+
+    async def submit_many(self, items: Sequence[T]) -> None:
+        """Returns once ``items`` were sent, all in one send (a group is never split)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._queued.append((item, done))
-        self._schedule_flush(loop)
+        self._queued.append((items, done))
+        if not self._flush_scheduled and self._in_flight < self._max_in_flight:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         await done
 
     def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -41,18 +49,28 @@ class Coalescer(Generic[T]):
             self._flush_scheduled = True
             loop.call_soon(self._flush)
 
+    def _take(self) -> list[tuple[Sequence[T], asyncio.Future[None]]]:
+        """Whole groups, oldest first, up to ``chunk`` items (or one larger group alone)."""
+        queued, count, taken = self._queued, 0, 0
+        while taken < len(queued) and (not taken or count + len(queued[taken][0]) <= self._chunk):
+            count += len(queued[taken][0])
+            taken += 1
+        chunk, self._queued = queued[:taken], queued[taken:]
+        return chunk
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         while self._queued and self._in_flight < self._max_in_flight:
-            chunk, self._queued = self._queued[:self._chunk], self._queued[self._chunk:]
+            chunk = self._take()
             self._in_flight += 1
             task = asyncio.create_task(self._send_chunk(chunk))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send_chunk(self, chunk: Sequence[tuple[T, asyncio.Future[None]]]) -> None:
+    async def _send_chunk(self, chunk: Sequence[tuple[Sequence[T], asyncio.Future[None]]]
+                          ) -> None:
         try:
-            await self._send([item for item, _ in chunk])
+            await self._send([item for items, _ in chunk for item in items])
         except BaseException as exc:  # every waiter gets the failure, none hangs
             for _, done in chunk:
                 if not done.done():

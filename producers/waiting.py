@@ -37,6 +37,7 @@ import structlog
 from batchfleet.connectors import control_plane_for
 from batchfleet.connectors.control_plane import Announcements, Subscription
 from batchfleet.connectors.result_store import ResultStore
+from batchfleet.producers.result_sink import Sink
 from batchfleet.schemas.envelopes import Result, decode_result, peek_header
 from batchfleet.schemas.errors import (
     BatchfleetError,
@@ -77,7 +78,7 @@ class ResultWaiter:
         self._pending_info: dict[str, tuple[str, float]] = {}
         self._lane_losses: dict[str, int] = {}
         self._poll_interval_s = poll_interval_s
-        self._waiters: dict[str, list[asyncio.Future[Result]]] = {}
+        self._waiters: dict[str, list[Sink]] = {}
         #: Submitted here and announced here: None until the announcement came, then the
         #: result's body (so a later wait needs no read).
         self._expected: dict[str, bytes | None] = {}
@@ -110,9 +111,9 @@ class ResultWaiter:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._listener, _CLOSE_TIMEOUT_S)
             self._listener = None
-        for futures in self._waiters.values():
-            for fut in futures:
-                fut.cancel()
+        for sinks in self._waiters.values():
+            for sink in sinks:
+                sink.cancel()
         self._waiters.clear()
 
     def expect(self, request_ids: Sequence[str]) -> None:
@@ -185,21 +186,20 @@ class ResultWaiter:
             out.extend(None if b is None else decode_result(b) for b in bodies)
         return out
 
-    def _register(self, request_ids: Sequence[str]) -> list[asyncio.Future[Result]]:
-        loop = asyncio.get_running_loop()
-        futures = []
+    def _register(self, request_ids: Sequence[str], sink: Sink) -> None:
+        waiters = self._waiters
         for rid in request_ids:
-            fut: asyncio.Future[Result] = loop.create_future()
-            self._waiters.setdefault(rid, []).append(fut)
-            futures.append(fut)
-        return futures
+            sinks = waiters.get(rid)
+            if sinks is None:
+                waiters[rid] = [sink]
+            else:
+                sinks.append(sink)
 
-    def _unregister(self, request_ids: Sequence[str], futures: Sequence[asyncio.Future[Result]]
-                    ) -> None:
-        for rid, fut in zip(request_ids, futures, strict=True):
+    def _unregister(self, request_ids: Sequence[str], sink: Sink) -> None:
+        for rid in request_ids:
             waiting = self._waiters.get(rid)
-            if waiting and fut in waiting:
-                waiting.remove(fut)
+            if waiting and sink in waiting:
+                waiting.remove(sink)
                 if not waiting:
                     del self._waiters[rid]
                     self._quiet.discard(rid)
@@ -213,18 +213,16 @@ class ResultWaiter:
             self._quiet.discard(res.request_id)
             self._suspects.pop(res.request_id, None)
             self._pending_info.pop(res.request_id, None)
-            for fut in self._waiters.pop(res.request_id, ()):
-                if not fut.done():
-                    fut.set_result(res)
+            for sink in self._waiters.pop(res.request_id, ()):
+                sink.deliver(res)
 
     def _lose(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             self._quiet.discard(rid)
             self._suspects.pop(rid, None)
             self._pending_info.pop(rid, None)
-            for fut in self._waiters.pop(rid, ()):
-                if not fut.done():
-                    fut.set_exception(RequestLostError([rid]))
+            for sink in self._waiters.pop(rid, ()):
+                sink.lose(rid)
 
     async def _check_lost(self, unresolved: Sequence[str]) -> None:
         """End the waits on IDs that looked lost for ``loss_grace_s`` (see the module doc)."""
@@ -263,10 +261,11 @@ class ResultWaiter:
         Lost requests (see the module doc) are not yielded: once every other one has been,
         RequestLostError names them all."""
         await self.start()
-        futures = self._register(request_ids)
-        arrived: asyncio.Queue[asyncio.Future[Result]] = asyncio.Queue()
-        for fut in futures:
-            fut.add_done_callback(arrived.put_nowait)
+        sink = Sink()
+        self._register(request_ids, sink)
+        loop = asyncio.get_running_loop()
+        # One timer for the whole call, not one per wait.
+        alarm = None if timeout is None else loop.call_later(max(0.0, timeout), sink.time_out)
         try:
             to_read, announced = self._take_expected(request_ids)
             self._resolve(announced)
@@ -276,31 +275,28 @@ class ResultWaiter:
             except ResultStoreError as exc:
                 # the store is restarting, say: the listener's poll picks these up once it is back
                 log.warning("first read of results failed; waiting on the poll", error=str(exc))
-            loop = asyncio.get_running_loop()
-            deadline = None if timeout is None else loop.time() + timeout
-            lost: list[str] = []
-            for received in range(len(futures)):
-                if not arrived.empty():  # results arrive a batch at a time: no timer needed
-                    fut = arrived.get_nowait()
-                else:
-                    left = None if deadline is None else max(0.0, deadline - loop.time())
-                    try:
-                        fut = await asyncio.wait_for(arrived.get(), left)
-                    except TimeoutError:
+            total, received = len(request_ids), 0
+            ready, lost = sink.ready, sink.lost
+            while received + len(lost) < total:
+                if not ready:  # results arrive a batch at a time: one wake-up per batch
+                    if sink.cancelled:
+                        raise asyncio.CancelledError
+                    if sink.timed_out:
                         raise WaitTimeoutError(
-                            f"{len(futures) - received} of {len(futures)} request(s) had no "
+                            f"{total - received - len(lost)} of {total} request(s) had no "
                             f"terminal result after {timeout}s"
-                            + (f" ({len(lost)} more were lost)" if lost else "")
-                        ) from None
-                gone = fut.exception()
-                if isinstance(gone, RequestLostError):
-                    lost.extend(gone.request_ids)
+                            + (f" ({len(lost)} more were lost)" if lost else ""))
+                    sink.wake = loop.create_future()
+                    await sink.wake
                     continue
-                yield fut.result()
+                received += 1
+                yield ready.popleft()
             if lost:
-                raise RequestLostError(lost)
+                raise RequestLostError(list(lost))
         finally:
-            self._unregister(request_ids, futures)
+            if alarm is not None:
+                alarm.cancel()
+            self._unregister(request_ids, sink)
 
     async def wait_many(self, request_ids: Sequence[str], timeout: float | None) -> list[Result]:
         """Terminal results in ``request_ids`` order. If some were lost, RequestLostError

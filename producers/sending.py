@@ -1,0 +1,94 @@
+"""The two round trips of a submit, for a whole chunk of requests at once.
+
+A submit records a ``pending`` result (never overwriting an existing one),
+then publishes the request. A duplicate submit of a finished request ID is
+not run again; a duplicate of a pending one is published again, which is
+harmless because the first terminal result wins. Requests arrive here already
+encoded (``schemas.request_template``), so sending a chunk costs the two
+round trips and little else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import structlog
+
+from batchfleet.connectors import OutboundMessage, Publisher, SubmitState
+from batchfleet.connectors.errors import store_full
+from batchfleet.connectors.result_store import Ownership, ResultStore
+from batchfleet.producers.waiting import ResultWaiter
+from batchfleet.schemas.errors import (
+    BatchfleetError,
+    OverloadedError,
+    ResultStoreError,
+    TransportError,
+)
+from batchfleet.schemas.request_template import RequestTemplate
+
+log = structlog.get_logger("batchfleet.client")
+
+_PUBLISHED = (SubmitState.NEW, SubmitState.PENDING)
+
+
+class Outgoing(NamedTuple):
+    """One encoded request: its envelope, its pending record and who owns it."""
+
+    request_id: str
+    payload: bytes
+    pending: bytes
+    template: RequestTemplate
+    ownership: Ownership
+    traceparent: str | None = None
+
+
+class Sender:
+    """Records and publishes chunks of :class:`Outgoing` (the coalescer's ``send``)."""
+
+    def __init__(self, store: ResultStore, publisher: Publisher, waiter: ResultWaiter,
+                 shards: Mapping[str, int]) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._waiter = waiter
+        #: model -> lane_shards, kept up to date by the client's registry reads.
+        self._shards = shards
+
+    async def send(self, chunk: list[Outgoing]) -> None:
+        try:
+            states = await self._store.put_pending([(o.request_id, o.pending) for o in chunk],
+                                                   [o.ownership for o in chunk])
+        except ResultStoreError as exc:
+            raise_if_full(exc)
+            raise
+        new = SubmitState.NEW
+        # before publishing, so that even the quickest announcement finds them expected
+        self._waiter.expect([o.request_id for o, state in zip(chunk, states, strict=True)
+                             if state == new])
+        shards = self._shards
+        try:
+            await self._publisher.publish([
+                OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
+                                o.traceparent, shards.get(o.template.model, 1))
+                for o, state in zip(chunk, states, strict=True) if state in _PUBLISHED
+            ])
+        except TransportError as exc:
+            # Nothing was queued for the records this call created: withdraw them, so a
+            # retry with the same ID (an idempotent resubmit) publishes instead of finding
+            # a pending record that no message will ever answer.
+            created = [o.request_id for o, state in zip(chunk, states, strict=True)
+                       if state == new]
+            try:
+                await self._store.withdraw_pending(created)
+            except ResultStoreError as undo:
+                log.warning("could not withdraw the records of a failed submit",
+                            error=str(undo), request_ids=len(created))
+            raise_if_full(exc)
+            raise
+
+
+def raise_if_full(exc: BatchfleetError) -> None:
+    """Redis refusing writes at ``maxmemory`` (a burst crossed the admission mark between
+    two readings) is overload too: retryable, and nothing half-done needs undoing."""
+    if store_full(exc):
+        raise OverloadedError(f"Redis is full: {exc}", retry_after_s=1.0) from exc
