@@ -10,7 +10,6 @@ use ``async_run()`` and ``request_stop()``.
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -85,14 +84,11 @@ class Worker(DefaultViews):
         # a slow store pushes back; an unexpected error stops the worker (redelivery heals)
         self._completions = aio.BoundedTasks(s.max_pending_writes, self._completion_crashed)
         self._crashed: BaseException | None = None
-        #: Set by ``run()``: a process of its own, whose start-up heap can be frozen.
-        self._freeze_heap = False
 
     # --- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT, then drain gracefully (production entry point)."""
-        self._freeze_heap = True
         aio.run_until_signalled(self.async_run, self.request_stop)
         leave_wedged_forward_behind()
 
@@ -125,11 +121,6 @@ class Worker(DefaultViews):
             if warm is None:  # SIGTERM during start-up: the grace period bounds that too
                 log.info("stopped during start-up", worker=s.worker_id)
                 return
-            if self._freeze_heap:
-                # torch and the models are ~10^5 objects that every full collection
-                # would walk again; frozen, collections walk only what batches allocate
-                gc.collect()
-                gc.freeze()
             await self.hooks.on_ready(self, warm)
             log.info("worker ready", worker=s.worker_id, models=list(self.handlers),
                      device=str(self.compute.device), broker=s.broker.kind,
