@@ -45,7 +45,7 @@ from batchfleet.connectors.redis_streams import (
     _entries_by_stream,
 )
 from batchfleet.schemas.errors import TransportError
-from batchfleet.schemas.names import lane_loss_field, shard_for
+from batchfleet.schemas.names import lane_loss_field
 
 #: Longest block of one read while a worker reads several slot groups (see module doc).
 CLUSTER_BLOCK_MS = 20
@@ -64,10 +64,7 @@ class ClusterStreamsPublisher(RedisStreamsPublisher):
     async def publish(self, messages: Sequence[OutboundMessage]) -> None:
         if not messages:
             return
-        by_stream: dict[str, list[bytes]] = {}
-        for msg in messages:
-            stream = self._names.stream(msg.model, msg.lane, shard_for(msg.key, msg.shards))
-            by_stream.setdefault(stream, []).append(msg.payload)
+        by_stream = self._by_stream(messages)
         streams = list(by_stream)
         pipe = self._redis.pipeline(transaction=False)
         for idx in slot_groups(streams).values():

@@ -98,13 +98,18 @@ class RedisStreamsPublisher:
         self._max_len = max_stream_len
         self._xadd_many = client.register_script(_XADD_MANY)
 
-    async def publish(self, messages: Sequence[OutboundMessage]) -> None:
-        if not messages:
-            return
+    def _by_stream(self, messages: Sequence[OutboundMessage]) -> dict[str, list[bytes]]:
+        """Payloads grouped by the stream (lane shard) each message goes to, in order."""
         by_stream: dict[str, list[bytes]] = {}
         for msg in messages:
             stream = self._names.stream(msg.model, msg.lane, shard_for(msg.key, msg.shards))
             by_stream.setdefault(stream, []).append(msg.payload)
+        return by_stream
+
+    async def publish(self, messages: Sequence[OutboundMessage]) -> None:
+        if not messages:
+            return
+        by_stream = self._by_stream(messages)
         args: list[Any] = [self._max_len or 0]
         for payloads in by_stream.values():
             args.append(len(payloads))
