@@ -35,30 +35,35 @@ from batchfleet.schemas.names import Names
 
 DEFAULT_TTL_S = 24 * 3600
 
-#: ARGV[2] packs (owner, fingerprint, notify client) per key, '' for none. A fingerprint (an
-#: idempotent gateway submit's model and body) that differs from the stored one is a
-#: conflict (3).
-_PUT_PENDING = """
-local ttl = tonumber(ARGV[1])
-local meta = cmsgpack.unpack(ARGV[2])
-local out = {}
-for i, key in ipairs(KEYS) do
-  local owner, fp, notify = meta[i][1], meta[i][2], meta[i][3]
+#: One record's pending write (a ``SubmitState``), shared with the one-round-trip submit
+#: (``connectors.redis_submit``). ``meta`` is (owner, fingerprint, notify client), '' for
+#: none. A fingerprint (an idempotent gateway submit's model and body) that differs from
+#: the stored one is a conflict (3).
+PUT_PENDING_FN = """
+local function put_pending(key, ttl, meta, body)
+  local owner, fp, notify = meta[1], meta[2], meta[3]
   if redis.call('HSETNX', key, 'status', 'pending') == 1 then
-    redis.call('HSET', key, 'gen', 0, 'body', ARGV[i + 2])
+    redis.call('HSET', key, 'gen', 0, 'body', body)
     if owner ~= '' then redis.call('HSET', key, 'owner', owner) end
     if notify and notify ~= '' then redis.call('HSET', key, 'notify', notify) end
     if fp ~= '' then redis.call('HSET', key, 'fp', fp) end
     redis.call('EXPIRE', key, ttl)
-    out[i] = 0
+    return 0
   elseif fp ~= '' and redis.call('HGET', key, 'fp') ~= fp then
-    out[i] = 3
+    return 3
   elseif redis.call('HGET', key, 'status') == 'pending' then
-    out[i] = 1
-  else
-    out[i] = 2
+    return 1
   end
+  return 2
 end
+"""
+
+#: ARGV[2] packs each key's ``meta``.
+_PUT_PENDING = PUT_PENDING_FN + """
+local ttl = tonumber(ARGV[1])
+local meta = cmsgpack.unpack(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = put_pending(key, ttl, meta[i], ARGV[i + 2]) end
 return out
 """
 

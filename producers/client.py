@@ -22,6 +22,7 @@ from batchfleet.connectors import BrokerURL, open_publisher, open_result_store, 
 from batchfleet.connectors.model_registry import model_registry_for
 from batchfleet.connectors.redis_pressure import RedisPressure
 from batchfleet.connectors.redis_streams import RedisStreamsPublisher
+from batchfleet.connectors.redis_submit import one_trip_for
 from batchfleet.connectors.request_control import (
     CancelReport,
     RequestControl,
@@ -131,12 +132,13 @@ class AsyncClient:
         self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
         self._templates: dict[TemplateKey, RequestTemplate] = {}
-        sender = Sender(self._store, self._publisher, self._waiter, self._shards)
+        self._results_on_broker = (parsed.kind == "redis"
+                                   and results_url_for(parsed, results) == parsed.url)
+        sender = Sender(self._store, self._publisher, self._waiter, self._shards,
+                        one_trip_for(self._store, self._publisher, self._results_on_broker))
         #: Every submit, single or many, goes out through here (``producers.coalescing``).
         self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK)
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
-        self._results_on_broker = (parsed.kind == "redis"
-                                   and results_url_for(parsed, results) == parsed.url)
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.
         self._callback_policy = callback_policy or CallbackPolicy()

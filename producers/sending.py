@@ -1,11 +1,12 @@
-"""The two round trips of a submit, for a whole chunk of requests at once.
+"""The round trips of a submit, for a whole chunk of requests at once.
 
 A submit records a ``pending`` result (never overwriting an existing one),
 then publishes the request. A duplicate submit of a finished request ID is
 not run again; a duplicate of a pending one is published again, which is
 harmless because the first terminal result wins. Requests arrive here already
-encoded (``schemas.request_template``), so sending a chunk costs the two
-round trips and little else.
+encoded (``schemas.request_template``), so sending a chunk costs its round
+trips and little else: two (store, then broker), or one when the results and a
+Redis broker share one node (``connectors.redis_submit``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 
 from batchfleet.connectors import OutboundMessage, Publisher, SubmitState
 from batchfleet.connectors.errors import store_full
+from batchfleet.connectors.redis_submit import OneTripSubmit
 from batchfleet.connectors.result_store import Ownership, ResultStore
 from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.errors import (
@@ -47,14 +49,18 @@ class Sender:
     """Records and publishes chunks of :class:`Outgoing` (the coalescer's ``send``)."""
 
     def __init__(self, store: ResultStore, publisher: Publisher, waiter: ResultWaiter,
-                 shards: Mapping[str, int]) -> None:
+                 shards: Mapping[str, int], one_trip: OneTripSubmit | None = None) -> None:
         self._store = store
+        self._one_trip = one_trip
         self._publisher = publisher
         self._waiter = waiter
         #: model -> lane_shards, kept up to date by the client's registry reads.
         self._shards = shards
 
     async def send(self, chunk: list[Outgoing]) -> None:
+        if self._one_trip is not None:
+            await self._send_one_trip(self._one_trip, chunk)
+            return
         try:
             states = await self._store.put_pending([(o.request_id, o.pending) for o in chunk],
                                                    [o.ownership for o in chunk])
@@ -85,6 +91,26 @@ class Sender:
                             error=str(undo), request_ids=len(created))
             raise_if_full(exc)
             raise
+
+    async def _send_one_trip(self, one_trip: OneTripSubmit, chunk: list[Outgoing]) -> None:
+        ids = [o.request_id for o in chunk]
+        # Expected before the script runs, as on the two-call path; those it did not
+        # create are someone else's to announce, and are forgotten again.
+        self._waiter.expect(ids)
+        shards = self._shards
+        try:
+            states = await one_trip.submit(
+                [(o.request_id, o.pending) for o in chunk], [o.ownership for o in chunk],
+                [OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
+                                 o.traceparent, shards.get(o.template.model, 1))
+                 for o in chunk])
+        except TransportError as exc:
+            self._waiter.unexpect(ids)
+            raise_if_full(exc)
+            raise
+        new = SubmitState.NEW
+        self._waiter.unexpect([rid for rid, state in zip(ids, states, strict=True)
+                               if state != new])
 
 
 def raise_if_full(exc: BatchfleetError) -> None:

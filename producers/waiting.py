@@ -126,6 +126,15 @@ class ResultWaiter:
                 expected[rid] = None
         self._trim()
 
+    def unexpect(self, request_ids: Sequence[str]) -> None:
+        """Undo :meth:`expect` for IDs whose submit created nothing (a duplicate, a
+        failure): their announcement, if any, goes to another client."""
+        expected, quiet = self._expected, self._quiet
+        for rid in request_ids:
+            if rid in expected and expected[rid] is None:
+                del expected[rid]
+            quiet.discard(rid)
+
     def _keep(self, request_id: str, body: bytes) -> None:
         """Hold an announced result until someone waits on it (bounded, oldest out)."""
         self._expected[request_id] = body

@@ -1,0 +1,102 @@
+"""A submit in one round trip, when the result store and the streams share one Redis.
+
+The general path makes two calls per chunk: ``put_pending`` on the result store, then
+XADD on the broker, because the two may be different servers (or a cluster). When
+they are the same single node, one script does both: it records each request's pending
+record and XADDs those it found new or still pending, which halves the round trips
+and the client CPU of a submit that goes out alone (one ``submit()`` per arrival).
+
+A failed XADD (a stream key of the wrong type, say) removes the records this call
+created before the script fails, so a retry with the same ID is a fresh submit, as
+on the two-call path. Redis runs a script atomically and, once it has written, past
+``maxmemory`` too, so no other client sees a record without its message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from batchfleet.connectors.broker import OutboundMessage
+from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.result_store import (
+    PUT_PENDING_FN,
+    Ownership,
+    ResultStore,
+    SubmitState,
+)
+from batchfleet.schemas.errors import TransportError
+from batchfleet.schemas.names import shard_for
+
+#: KEYS: the N result keys, then the streams. ARGV[1] the TTL, ARGV[2] the MAXLEN (0:
+#: none), ARGV[3] msgpack of (owner, fingerprint, notify, stream index) per request, then
+#: N pending bodies and N request payloads (field 'p', as ``RedisStreamsPublisher``).
+_SUBMIT = PUT_PENDING_FN + """
+local ttl, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
+local meta = cmsgpack.unpack(ARGV[3])
+local n = #meta
+local out, created = {}, {}
+for i = 1, n do
+  local state = put_pending(KEYS[i], ttl, meta[i], ARGV[3 + i])
+  out[i] = state
+  if state == 0 then created[#created + 1] = KEYS[i] end
+  if state <= 1 then
+    local stream, payload = KEYS[n + meta[i][4]], ARGV[3 + n + i]
+    local added
+    if maxlen > 0 then
+      added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'p', payload)
+    else
+      added = redis.pcall('XADD', stream, '*', 'p', payload)
+    end
+    if type(added) == 'table' and added.err then
+      for _, key in ipairs(created) do redis.call('DEL', key) end
+      return redis.error_reply(added.err)
+    end
+  end
+end
+return out
+"""
+
+
+class OneTripSubmit:
+    """Records and publishes a chunk of requests in one script call (one node only)."""
+
+    def __init__(self, store: ResultStore, max_stream_len: int | None = None) -> None:
+        self._store = store
+        self._names = store.names
+        self._max_len = max_stream_len or 0
+        self._submit = store.redis.register_script(_SUBMIT)
+
+    async def submit(self, records: Sequence[tuple[str, bytes]], owners: Sequence[Ownership],
+                     messages: Sequence[OutboundMessage]) -> list[SubmitState]:
+        """``records``, ``owners`` and ``messages`` are parallel: one of each per request.
+        Publishes the requests whose state is NEW or PENDING, exactly as the two-call
+        path does; raises ``TransportError`` with nothing recorded if any XADD fails."""
+        names = self._names
+        streams: dict[str, int] = {}
+        meta: list[tuple[str, str, str, int]] = []
+        for o, msg in zip(owners, messages, strict=True):
+            stream = names.stream(msg.model, msg.lane, shard_for(msg.key, msg.shards))
+            index = streams.setdefault(stream, len(streams) + 1)
+            meta.append((o.owner or "", o.fingerprint or "", o.notify or "", index))
+        keys = [names.result(rid) for rid, _ in records]
+        args: list[Any] = [self._store.ttl_s, self._max_len, msgpack.packb(meta)]
+        args.extend(body for _, body in records)
+        args.extend(msg.payload for msg in messages)
+        with wrap_errors(TransportError, "cannot submit to Redis"):
+            states = await self._submit(keys=[*keys, *streams], args=args)
+        return [SubmitState(int(s)) for s in states]
+
+
+def one_trip_for(store: ResultStore, publisher: object, same_server: bool,
+                 max_stream_len: int | None = None) -> OneTripSubmit | None:
+    """The one-round-trip submit where it applies: a single-node Redis broker that is
+    also the result store. ``None`` elsewhere (Kafka, two servers, a cluster, whose
+    streams and records live in different slots)."""
+    from batchfleet.connectors.redis_streams import RedisStreamsPublisher
+
+    if same_server and type(store) is ResultStore and type(publisher) is RedisStreamsPublisher:
+        return OneTripSubmit(store, max_stream_len)
+    return None
