@@ -113,6 +113,24 @@ def test_a_user_onnx_file_loads_and_quantizes(tmp_path: Path) -> None:
         load_model(f"scorer={path}", 8, RuntimeChoice("compile"))
 
 
+def test_int8_weights_cannot_saturate_the_avx2_kernel(tmp_path: Path) -> None:
+    """Holds on any host: on an AVX2 CPU without VNNI, ONNX Runtime's u8 x s8 kernel
+    sums pairs of products into a saturating int16, so the gate only fails there.
+    This checks the cause itself: every int8 weight is 7-bit, and a pair of
+    full-scale uint8 activations times the largest weight fits in int16."""
+    import onnx
+    from onnx import numpy_helper
+
+    source = onnx_runtime.export(load_model("demo-mlp").module,  # type: ignore[attr-defined]
+                                 torch.zeros(2, 10), tmp_path / "m.onnx")
+    quantized = onnx_runtime.quantize_int8(source, tmp_path / "m-int8.onnx")
+    weights = [numpy_helper.to_array(t) for t in onnx.load(str(quantized)).graph.initializer]
+    int8 = [w for w in weights if w.dtype == np.int8 and w.size > 1]
+    assert len(int8) == 3  # the three Linear layers, the output layer included
+    largest = max(int(np.abs(w.astype(np.int32)).max()) for w in int8)
+    assert largest <= 64 and 2 * 255 * largest <= np.iinfo(np.int16).max
+
+
 def test_calibration_file_is_used_and_checked(tmp_path: Path) -> None:
     spec = TensorSpec("float32", (10,))
     good = tmp_path / "rows.npy"
