@@ -58,6 +58,9 @@ T = TypeVar("T")
 PRIORITIES = {"interactive": LANE_INTERACTIVE, "high": LANE_INTERACTIVE,
               "bulk": LANE_BULK, "low": LANE_BULK}
 SUBMIT_CHUNK = 1000
+#: Sends start at most this often (``producers.coalescing``): at thousands of lone
+#: ``submit()`` calls a second, each send then carries several, for at most this delay.
+SUBMIT_LINGER_S = 0.0005
 #: Models whose registry answer is cached at once; past it the cache starts over.
 _MAX_CACHED_MODELS = 1024
 #: Encoding templates kept at once (one per model and set of submit options).
@@ -137,7 +140,8 @@ class AsyncClient:
         sender = Sender(self._store, self._publisher, self._waiter, self._shards,
                         one_trip_for(self._store, self._publisher, self._results_on_broker))
         #: Every submit, single or many, goes out through here (``producers.coalescing``).
-        self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK)
+        self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK,
+                                                      linger_s=SUBMIT_LINGER_S)
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.

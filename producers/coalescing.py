@@ -8,11 +8,18 @@ submit is flushed on the very next event-loop turn, so there is no added delay
 when there is no concurrency, and the cost per request falls as load rises.
 ``submit_many`` queues a group that is never split, so small concurrent
 ``submit_many`` calls share round trips too.
+
+``linger_s`` bounds how often sends start: a submit that arrives within ``linger_s`` of
+the last send waits out the rest of it, with whatever else arrives meanwhile. One
+``submit()`` per incoming call, arriving at thousands per second, would otherwise send
+one request per round trip and spend its CPU on round trips. Below ``1 / linger_s``
+submits a second nothing waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -21,10 +28,12 @@ T = TypeVar("T")
 
 class Coalescer(Generic[T]):
     def __init__(self, send: Callable[[list[T]], Awaitable[None]], chunk: int,
-                 max_in_flight: int = 2) -> None:
+                 max_in_flight: int = 2, linger_s: float = 0.0) -> None:
         self._send = send
         self._chunk = chunk
         self._max_in_flight = max_in_flight
+        self._linger_s = linger_s
+        self._last_send = -math.inf
         self._in_flight = 0
         self._flush_scheduled = False
         self._queued: list[tuple[Sequence[T], asyncio.Future[None]]] = []
@@ -39,15 +48,17 @@ class Coalescer(Generic[T]):
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._queued.append((items, done))
-        if not self._flush_scheduled and self._in_flight < self._max_in_flight:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
+        self._schedule_flush(loop)
         await done
 
     def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._queued and not self._flush_scheduled and self._in_flight < self._max_in_flight:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            at = self._last_send + self._linger_s
+            if at > loop.time():
+                loop.call_at(at, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _take(self) -> list[tuple[Sequence[T], asyncio.Future[None]]]:
         """Whole groups, oldest first, up to ``chunk`` items (or one larger group alone)."""
@@ -60,6 +71,8 @@ class Coalescer(Generic[T]):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._queued and self._in_flight < self._max_in_flight:
+            self._last_send = asyncio.get_running_loop().time()
         while self._queued and self._in_flight < self._max_in_flight:
             chunk = self._take()
             self._in_flight += 1

@@ -54,3 +54,27 @@ async def test_submits_arriving_during_busy_sends_go_out_together() -> None:
     release.set()
     await asyncio.gather(*first, second, *later)
     assert sent == [[0, 1], [2], [3, 4, 5, 6, 7]]
+
+
+async def test_linger_holds_a_send_that_follows_one_too_closely() -> None:
+    """With ``linger_s``, a submit right after a send waits out the rest of the linger,
+    and what arrives meanwhile shares its send; one after a quiet spell goes at once."""
+    sent: list[tuple[float, list[int]]] = []
+    loop = asyncio.get_running_loop()
+
+    async def send(items: list[int]) -> None:
+        sent.append((loop.time(), items))
+
+    coalescer: Coalescer[int] = Coalescer(send, chunk=100, linger_s=0.2)
+    await coalescer.submit(0)
+    later = []
+    for i in range(1, 4):  # each in its own turn, all within the linger
+        later.append(asyncio.create_task(coalescer.submit(i)))
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*later)
+    assert [items for _, items in sent] == [[0], [1, 2, 3]]
+    assert sent[1][0] - sent[0][0] >= 0.2 - 0.005  # held until the linger ran out
+    await asyncio.sleep(0.25)
+    started = loop.time()
+    await coalescer.submit(4)  # a quiet spell: not held back
+    assert sent[-1][1] == [4] and sent[-1][0] - started < 0.2
