@@ -3,12 +3,13 @@
 A fixed ``max_wait_ms`` is one number for every load. With ``--latency-slo-ms`` a
 model's batches instead close from what the worker has learned about itself:
 
-* **compute cost** against batch size, an online least-squares fit
-  ``compute_s ~ a + b*n`` with exponential forgetting (:class:`CostFit`);
+* **cost** against batch size, an online least-squares fit ``cost_s ~ a + b*n`` with
+  exponential forgetting (:class:`CostFit`); the middleware feeds it the forward pass
+  plus the event loop's CPU per batch, what a batch costs the worker;
 * **arrival rate**, an exponentially decayed count of arrivals (:class:`ArrivalRate`);
 * **the rest of the way to ``finished_at``**: how much later than predicted each
   batch actually finished, counted from the moment it closed (waiting for the compute
-  thread, the hooks before compute, the prediction's own error). Its recent p90 is the
+  thread, the hooks before compute, the prediction's own error). Its recent p99 is the
   safety margin (:class:`RecentQuantile`), never below a floor.
 
 The SLO runs from a request's ``enqueued_at`` (its queue time before this worker
@@ -23,7 +24,8 @@ arrive before it closes). It closes then, or earlier:
 * when nothing has been learned yet (the first batches run at once, and teach);
 
 and when a burst lands just before a group closes, the batch takes only as many as still
-finish in time for its oldest (:meth:`SloController.batch_size`); the burst runs next;
+finish in time for its oldest (:meth:`SloController.batch_size`), but never fewer than
+keep up with the arrivals; the burst runs next;
 * under overload, when the SLO is lost for the group's oldest anyway, it waits to fill
   if arrivals are expected to fill it within one full batch's compute time past the
   latest close, so the worker runs full batches (throughput), not tiny late ones.
@@ -52,13 +54,17 @@ class SloConfig:
     margin_floor_s: float = 0.001
     #: ...nor below this fraction of the SLO.
     margin_fraction: float = 0.05
-    margin_quantile: float = 0.9
+    #: 0.99: the SLO is a p99 target, so the margin covers all but 1% of batches.
+    margin_quantile: float = 0.99
     #: How many recent batches the margin is taken over.
-    window: int = 64
+    window: int = 128
     #: Stop waiting once fewer rows than this are expected before the latest close.
     min_gain_rows: float = 1.0
     #: Time constant of the arrival-rate average.
     rate_tau_s: float = 1.0
+    #: Batches stay big enough to serve this multiple of the arrival rate
+    #: (:meth:`SloController.rows_to_keep_up`).
+    keep_up: float = 1.0
     #: Weight kept by the cost fit's old samples per new batch (~1/(1-forget) batches).
     forget: float = 0.98
 
@@ -69,8 +75,8 @@ class SloConfig:
             raise ValueError("max_batch_size must be at least 1")
         if not 0 < self.forget < 1 or not 0 < self.margin_quantile <= 1:
             raise ValueError("forget must be in (0, 1) and margin_quantile in (0, 1]")
-        if self.window < 1 or self.rate_tau_s <= 0:
-            raise ValueError("window and rate_tau_s must be positive")
+        if self.window < 1 or self.rate_tau_s <= 0 or self.keep_up <= 0:
+            raise ValueError("window, rate_tau_s and keep_up must be positive")
 
 
 class CostFit:
@@ -222,11 +228,24 @@ class SloController:
     # --- decisions ---------------------------------------------------------------
 
     def margin_s(self) -> float:
-        """Seconds kept in reserve: the recent p90 of the lateness, at least the floor."""
+        """Seconds kept in reserve: the recent p99 of the lateness, at least the floor."""
         c = self.config
         floor = max(c.margin_floor_s, c.margin_fraction * c.slo_s)
         late = self.late.quantile(c.margin_quantile)
         return floor if late is None else max(floor, late)
+
+    def rows_to_keep_up(self, now: float) -> int:
+        """The smallest batch whose throughput, ``n / cost(n)``, is ``keep_up`` times the
+        arrival rate (``max_batch_size`` when none is). A burst is never trimmed below
+        this (:meth:`batch_size`): smaller batches would fall behind the arrivals, and
+        the queue that builds would cost every later request far more than the trim saves
+        the oldest."""
+        c = self.config
+        a, b = self.cost.coefficients()
+        need = self.rate.rate(now) * c.keep_up
+        if need * b >= 1.0:
+            return c.max_batch_size
+        return max(1, min(c.max_batch_size, math.ceil(need * a / (1.0 - need * b))))
 
     def latest_close(self, size: int, oldest_origin: float) -> float | None:
         """The last moment a group of ``size`` can close and finish within the SLO,
@@ -278,7 +297,7 @@ class SloController:
             return most
         room = oldest_origin + c.slo_s - self.margin_s() - now - a
         fits = math.floor(room / b) if room > 0 else 0
-        return most if fits < 1 else min(most, fits)
+        return most if fits < 1 else min(most, max(fits, self.rows_to_keep_up(now)))
 
     def wait_s(self, now: float) -> float:
         """How long a request arriving now to an empty group would wait (the gauge)."""

@@ -117,6 +117,31 @@ def test_decisions_full_unknown_idle_and_lost() -> None:
     assert 0.0 < ctl.wait_s(t) < SLO_S
 
 
+def test_a_burst_is_never_trimmed_below_what_keeps_up_with_the_arrivals() -> None:
+    ctl = SloController(SloConfig(SLO_S, MAX))
+    for n in (1, 8, 16, 32, 64) * 4:
+        ctl.computed("k", n, FIXED_S + PER_ROW_S * n, 0.0)
+    assert ctl.rows_to_keep_up(0.0) == 1  # nothing arriving
+    t = 10.0
+    for _ in range(9000):  # 3000/s for 3 s: 70% of saturation
+        ctl.arrived(1, t)
+        t += 1 / 3000
+    rate = ctl.rate.rate(t)
+    need = ctl.rows_to_keep_up(t)  # n / (2 ms + 0.2 ms n) >= rate: n >= 2 ms r / (1 - 0.2 ms r)
+    assert need == math.ceil(rate * FIXED_S / (1 - rate * PER_ROW_S))
+    assert need / (FIXED_S + PER_ROW_S * need) >= rate > (need - 1) / (
+        FIXED_S + PER_ROW_S * (need - 1))
+    # about 1 ms left for the oldest fits ~5 rows; trimming to fewer than ``need`` would
+    # fall behind, so the batch takes ``need``
+    assert need > 10
+    assert ctl.batch_size(62, t - SLO_S + ctl.margin_s() + FIXED_S + 0.001, t) == need
+    for _ in range(3000):  # past saturation: every batch is a full one
+        ctl.arrived(2, t)
+        t += 1 / 3000
+    assert ctl.rows_to_keep_up(t) == MAX
+    assert ctl.batch_size(62, t - 0.040, t) == 62
+
+
 # --- the simulated worker ----------------------------------------------------------------
 
 

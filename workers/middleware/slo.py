@@ -44,6 +44,8 @@ class SloBatching(Middleware):
         self._metrics = metrics
         self._clock, self._wall_clock = clock, wall_clock
         self._controllers: dict[tuple[str, str], SloController | None] = {}
+        #: The event loop's CPU clock at the last batch (``after_compute``).
+        self._loop_cpu = time.thread_time()
         #: model -> its first version label (what a job with no version runs as)
         self._first_label: dict[str, str] = {}
 
@@ -104,10 +106,16 @@ class SloBatching(Middleware):
         ctl = self.controller(key.model, key.version)
         if ctl is None:
             return
+        # What the event loop spent since the last batch (fetch, decode, write, ack) is
+        # part of what a batch costs the worker: for a small model it is most of it, and
+        # a controller that learned only the forward pass would close batches too small
+        # to keep up (docs/batching.md).
+        loop_cpu = time.thread_time()
+        spent, self._loop_cpu = loop_cpu - self._loop_cpu, loop_cpu
         if run.forwards == 1:  # a bisected (failing) batch's time says nothing of its size
             # finished_at is compute end: move it onto the monotonic clock
             behind = max(0.0, self._wall_clock() - (run.started_at + run.compute_s))
-            ctl.computed(key, len(batch.jobs), run.compute_s, self._clock() - behind)
+            ctl.computed(key, len(batch.jobs), run.compute_s + spent, self._clock() - behind)
         if self._metrics is not None:
             self._metrics.batch_close_wait.labels(key.model).set(
                 ctl.wait_s(self._clock()) * 1000.0)
