@@ -28,11 +28,13 @@ from batchfleet.schemas.envelopes import (
     request_from_header,
 )
 from batchfleet.schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
+from batchfleet.schemas.tensors import Tensors
 from batchfleet.schemas.validation import check_notify
 from batchfleet.workers.models.handler import (
     ModelHandler,
+    call_validate_hook,
     check_inputs,
-    run_validate_hook,
+    validate_hook,
     validate_request,
 )
 from batchfleet.workers.runner import BatchRun
@@ -102,10 +104,12 @@ def decode_deliveries(
     now = time.time() if now is None else now
     out = Intake()
     checked: set[tuple[Any, ...]] = set()
+    hooks: dict[str, Callable[[Tensors], object] | None] = {}
     decoded = decode_common([d.payload for d in deliveries], limits)
     for delivery, request in zip(deliveries, decoded, strict=True):
         try:
-            runnable = request is not None and _runnable(request, delivery, handlers, checked)
+            runnable = request is not None and _runnable(request, delivery, handlers, checked,
+                                                         hooks)
         except SchemaError as exc:  # refused by the spec or the handler's hook
             header = decode_request_header(delivery.payload, limits)  # decoded a moment ago
             out.answers.append(answer_without_compute(
@@ -128,12 +132,14 @@ def _admit(delivery: Delivery, request: Request, now: float, out: Intake) -> Non
 
 
 def _runnable(request: Request, delivery: Delivery, handlers: Mapping[str, ModelHandler],
-              checked: set[tuple[Any, ...]]) -> bool:
+              checked: set[tuple[Any, ...]],
+              hooks: dict[str, Callable[[Tensors], object] | None]) -> bool:
     """:func:`validate_request` for a request the batch decoder read: False leaves a wrong
     lane or an unknown model to the slow path, which says why; a refusal raises.
 
     The spec check depends only on the model and the input's dtype and shape (the batch
-    decoder makes single tensors only), so it runs once per such triple in a fetch.
+    decoder makes single tensors only), so it runs once per such triple in a fetch; each
+    model's ``validate`` hook is looked up once per fetch (``hooks``).
     """
     handler = handlers.get(request.model)
     if handler is None or request.model != delivery.model.partition("@")[0]:
@@ -143,7 +149,11 @@ def _runnable(request: Request, delivery: Delivery, handlers: Mapping[str, Model
     if key not in checked:
         check_inputs(handler.input_spec, inputs)
         checked.add(key)
-    run_validate_hook(handler, inputs)
+    if request.model not in hooks:
+        hooks[request.model] = validate_hook(handler)
+    hook = hooks[request.model]
+    if hook is not None:
+        call_validate_hook(hook, inputs)
     return True
 
 

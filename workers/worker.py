@@ -232,16 +232,28 @@ class Worker(DefaultViews):
             raise
         if fetched.finished:  # redelivered after their result was written: only the ack was lost
             await self.writer.ack(fetched.finished)
-        self.batcher.put(
-            (BatchKey(LANES.index(job.request.lane), job.request.model,
-                      signature(job.request.inputs), job.request.request_id if job.solo else None,
-                      job.version or next(iter(self.versions[job.request.model]))), job)
-            for job in fetched.jobs
-        )
+        self.batcher.put(self._keyed(fetched.jobs))
         if fetched.answers or fetched.failed:
             await self._spawn_completion(fetched.answers, fetched.failed)
         if fetched.undecodable:
             await self.writer.dead_letter(fetched.undecodable)
+
+    def _keyed(self, jobs: Sequence[Job]) -> list[tuple[BatchKey, Job]]:
+        """Each job with its batch key. A fetch's jobs share a few keys, so each key is
+        made once: a frozen dataclass per request was 6% of demo-mlp's worker CPU."""
+        keys: dict[tuple[Any, ...], BatchKey] = {}
+        out = []
+        for job in jobs:
+            request = job.request
+            raw = (request.lane, request.model, signature(request.inputs),
+                   request.request_id if job.solo else None, job.version)
+            key = keys.get(raw)
+            if key is None:
+                key = keys[raw] = BatchKey(
+                    LANES.index(request.lane), request.model, raw[2], raw[3],
+                    job.version or next(iter(self.versions[request.model])))
+            out.append((key, job))
+        return out
 
     # --- compute -----------------------------------------------------------------
 
