@@ -18,13 +18,7 @@ from batchfleet.schemas.names import Names
 from tests.support.redis_cluster import RedisClusterServers
 from tests.support.transports import make_fleet
 
-pytestmark = [
-    pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow,
-    # Open: after the SIGKILL, redis-py's RedisCluster keeps dialling the dead primary
-    # (connect refused, 100 s) for scripts and pipelines alike instead of re-reading the
-    # topology; the promoted replica is never used. To fix before milestone 2 closes.
-    pytest.mark.xfail(reason="RedisCluster does not re-route to the promoted replica yet",
-                      strict=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
 N, CHUNK = 2000, 50
 
@@ -66,7 +60,9 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
             results = [r for r in (exc.results or []) if r is not None]
         stored = [r for start in range(0, N, 200) for r in await asyncio.gather(
             *(client.get(rid) for rid in ids[start:start + 200]))]
-        assert worker.stats.succeeded >= len(results) - len(lost)
+        # every stored result is this worker's; a result write retried across the
+        # failover may find its own first attempt there and count it as a duplicate
+        assert worker.stats.succeeded + worker.stats.duplicates >= len(results)
     finished = {r.request_id: r for r in results}
     assert len(finished) == len(results)  # no ID answered twice
     assert set(finished) | set(lost) == set(ids) and not set(finished) & set(lost)
