@@ -20,14 +20,11 @@ result) and leaves in-flight entries to expire with their score.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from batchfleet.connectors import result_store as rs
 from batchfleet.connectors.errors import wrap_errors
@@ -84,12 +81,8 @@ async def eval_per_slot(client: aioredis.Redis, script: str, keys: Sequence[str]
     pipe = client.pipeline(transaction=False)
     for idx in groups:
         pipe.eval(script, len(idx), *(keys[i] for i in idx), *args_for(idx))
-    try:
-        replies = await pipe.execute()
-    except (ConnectionError, TimeoutError, RedisConnectionError, RedisTimeoutError):
-        # a dead primary: re-read the topology, so the caller's retry finds its replica
-        await cast(RedisCluster, client).nodes_manager.initialize()
-        raise
+    # a dead primary: the pipeline re-reads the topology (redis_client.FleetPipeline)
+    replies = await pipe.execute()
     out: list[Any] = [None] * len(keys)
     for idx, reply in zip(groups, replies, strict=True):
         for i, value in zip(idx, reply, strict=True):

@@ -3,7 +3,9 @@
 ``redis://``, ``rediss://`` and ``unix://`` give ``redis.asyncio.Redis``;
 ``redis+cluster://host:port[,host:port...]`` gives ``redis.asyncio.cluster.RedisCluster``,
 which follows MOVED/ASK redirections and re-reads the topology after a failover, so
-nothing in batchfleet does that by hand.
+nothing in batchfleet routes by hand. How it is configured for a failover (no
+retries inside the library, a topology refresh after a failed pipeline) is explained
+at :class:`FleetRedisCluster`.
 
 The cluster client is returned typed as ``aioredis.Redis``: it offers the same command
 API, and the seams that hold a client need not change. Code that must behave
@@ -19,11 +21,13 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import structlog
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.exceptions import RedisError
 
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -31,9 +35,7 @@ from batchfleet.schemas.names import Names
 CLUSTER_SCHEME = "redis+cluster"
 #: Every scheme a ``--results`` (or Redis ``--broker``) URL may use.
 REDIS_SCHEMES = ("redis", "rediss", "unix", CLUSTER_SCHEME)
-#: Retries of a cluster command that met a dead node: enough, with the backoff, to span a
-#: replica's promotion (cluster-node-timeout plus an election, a few seconds).
-_CLUSTER_RETRIES = 8
+log = structlog.get_logger(__name__)
 
 _OPTIONS: dict[str, Any] = {
     "decode_responses": False, "socket_keepalive": True,
@@ -75,6 +77,61 @@ def names_for(url: str, names: Names) -> Names:
     return names.for_cluster(is_cluster_url(url))
 
 
+class FleetPipeline(ClusterPipeline):
+    """A cluster pipeline that re-reads the topology when a node fails under it.
+
+    With no retries inside the library (see :class:`FleetRedisCluster`), a pipeline that
+    meets a dead primary raises without marking the slot map stale, so every later
+    pipeline would dial the same dead node. Re-reading the map here, once per failure,
+    lets the caller's retry find the promoted replica.
+    """
+
+    async def execute(self, raise_on_error: bool = True,
+                      allow_redirections: bool = True) -> list[Any]:
+        try:
+            replies = await super().execute(raise_on_error, allow_redirections)
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            await refresh_topology(self.cluster_client)
+            raise
+        if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
+            await refresh_topology(self.cluster_client)  # raise_on_error=False
+        return replies
+
+
+class FleetRedisCluster(RedisCluster):
+    """``RedisCluster`` configured to survive a primary's failover while shared by tasks.
+
+    redis-py 8.1 retries a failed command or pipeline inside the client, but ignores
+    the ``Retry`` backoff there: a command retries at once, a pipeline after a fixed
+    0.25 s, so its retries are spent long before a replica is promoted (node timeout
+    plus an election, seconds). Worse, each retry of a *pipeline* closes every
+    connection of every node (``RedisCluster.aclose``), including those other tasks are
+    using at that moment; a task caught connecting then fails with ``AttributeError``
+    instead of a ``ConnectionError``, which no retry recognises. So the client is built with no
+    retries: a command or pipeline that meets a dead node fails at once with a
+    ``ConnectionError``, the slot map is marked stale (by the library for a command,
+    by :class:`FleetPipeline` for a pipeline), and the caller retries with its own
+    backoff until the promoted replica answers, as it does on a single node.
+    """
+
+    def pipeline(self, transaction: Any | None = None,
+                 shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # the library refuses it
+        # redis-py's typing declares ``_event_dispatcher`` abstract on a pipeline's
+        # mixins, though ``ClusterPipeline`` works as built: the library builds it alike.
+        return FleetPipeline(self, transaction)  # type: ignore[abstract]
+
+
+async def refresh_topology(client: RedisCluster) -> None:
+    """Re-read the slot map from a live node, best effort: when no node answers, the
+    caller's own error says more, and its next retry tries again."""
+    try:
+        await client.nodes_manager.initialize()
+    except (RedisError, OSError) as exc:
+        log.debug("cannot re-read the cluster topology yet", error=str(exc))
+
+
 def redis_client(url: str, max_connections: int | None = None,
                  pool_timeout_s: float = 5.0) -> aioredis.Redis:
     """A binary-safe asyncio Redis client (hiredis-parsed when installed).
@@ -87,10 +144,10 @@ def redis_client(url: str, max_connections: int | None = None,
     """
     if is_cluster_url(url):
         nodes, user, password = cluster_nodes(url)
-        cluster = RedisCluster(
+        cluster = FleetRedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user,
             password=password, max_connections=max_connections or 100,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), _CLUSTER_RETRIES), **_OPTIONS)
+            retry=Retry(NoBackoff(), 0), **_OPTIONS)
         return cast(aioredis.Redis, cluster)
     options = {**_OPTIONS, "health_check_interval": 30}
     if max_connections is None:

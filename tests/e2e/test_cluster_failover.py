@@ -18,13 +18,7 @@ from batchfleet.schemas.names import Names
 from tests.support.redis_cluster import RedisClusterServers
 from tests.support.transports import make_fleet
 
-pytestmark = [
-    pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow,
-    # Open: after the SIGKILL, redis-py's RedisCluster keeps dialling the dead primary
-    # (connect refused, 100 s) for scripts and pipelines alike instead of re-reading the
-    # topology; the promoted replica is never used. To fix before milestone 2 closes.
-    pytest.mark.xfail(reason="RedisCluster does not re-route to the promoted replica yet",
-                      strict=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
 N, CHUNK = 2000, 50
 
@@ -64,9 +58,13 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
         except RequestLostError as exc:
             lost = exc.request_ids
             results = [r for r in (exc.results or []) if r is not None]
-        stored = [r for start in range(0, N, 200) for r in await asyncio.gather(
-            *(client.get(rid) for rid in ids[start:start + 200]))]
-        assert worker.stats.succeeded >= len(results) - len(lost)
+        # 50 reads at a time: each holds a connection, and a cluster node's pool (100)
+        # refuses more at once rather than wait (MaxConnectionsError)
+        stored = [r for start in range(0, N, 50) for r in await asyncio.gather(
+            *(client.get(rid) for rid in ids[start:start + 50]))]
+        # every stored result is this worker's; a result write retried across the
+        # failover may find its own first attempt there and count it as a duplicate
+        assert worker.stats.succeeded + worker.stats.duplicates >= len(results)
     finished = {r.request_id: r for r in results}
     assert len(finished) == len(results)  # no ID answered twice
     assert set(finished) | set(lost) == set(ids) and not set(finished) & set(lost)
@@ -77,3 +75,5 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
     # the run really crossed a failover, and most of it survived it
     assert fresh_redis_cluster.primaries() and victim not in fresh_redis_cluster.live_ports
     assert len(lost) < N // 4, (len(lost), refused)
+    print(f"failover: {N} requests, {len(finished)} answered, {len(lost)} reported lost, "
+          f"{refused} submits refused and retried during the election")

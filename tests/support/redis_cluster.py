@@ -3,6 +3,13 @@
 Six ``redis-server --cluster-enabled yes`` processes on free ports, joined with
 ``redis-cli --cluster create --cluster-replicas 1``. A short node timeout (2 s) makes
 a replica take over a killed primary within a few seconds (the failover test).
+
+:meth:`RedisClusterServers.start` returns only once every replica has finished its first
+sync with its primary. A replica that never synced refuses to take over ("Disconnected
+from master for longer than allowed", ``cluster-replica-validity-factor``), so a primary
+killed before that leaves its slots unserved for good and the cluster in ``fail``: that,
+not the client, is what made the failover test hang. Diskless sync without its default
+5 s delay keeps the wait short.
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ class RedisClusterServers:
                 ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no",
-                 "--save", "", "--dir", str(node_dir)],
+                 "--save", "", "--repl-diskless-sync-delay", "0",
+                 "--dir", str(node_dir), "--logfile", "redis.log"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in self.ports:
             self._wait(lambda p=port: self._cli(p, "ping").strip() == "PONG", "node up")
@@ -72,6 +80,7 @@ class RedisClusterServers:
                         "--cluster-replicas", "1", "--cluster-yes"],
                        capture_output=True, timeout=60, check=True)
         self.wait_ok()
+        self.wait_replicated()
         return self
 
     def wait_ok(self, timeout_s: float = 30.0) -> None:
@@ -80,6 +89,14 @@ class RedisClusterServers:
             return all("cluster_state:ok" in self._cli(p, "cluster", "info")
                        for p in self.live_ports)
         self._wait(ok, "cluster_state:ok", timeout_s)
+
+    def wait_replicated(self, timeout_s: float = 30.0) -> None:
+        """Until every live replica's link to its primary is up (first sync done)."""
+        def synced() -> bool:
+            infos = [self._cli(p, "info", "replication") for p in self.live_ports]
+            return all("master_link_status:up" in info
+                       for info in infos if "role:slave" in info)
+        self._wait(synced, "replicas synced", timeout_s)
 
     @property
     def live_ports(self) -> list[int]:
