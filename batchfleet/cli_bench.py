@@ -114,6 +114,10 @@ def bench(
     cluster: Annotated[bool, typer.Option(
         "--cluster", help="With --capacity and no --redis: start a throwaway Redis Cluster "
                           "(3 primaries, 3 replicas on loopback) and count on it.")] = False,
+    poll_interval_s: Annotated[float | None, typer.Option(
+        help="With --capacity: the clients' safety poll in seconds (default 1, the SDK's). "
+             "Every 10th poll re-reads every outstanding wait, and a run that spans one "
+             "counts those reads on top of the request paths.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the fleet end to end against the model alone, naive RQ and the
@@ -148,7 +152,7 @@ def bench(
 
         batchfleet bench --capacity --max-requests 20000
 
-        batchfleet bench --capacity --cluster --max-requests 20000
+        batchfleet bench --capacity --cluster --max-requests 20000 --poll-interval-s 5
     """
     from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
@@ -157,7 +161,7 @@ def bench(
 
     if capacity or cluster:  # a measurement of its own instead of the fleet bench
         return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis,
-                               cluster, as_json, capacity)
+                               cluster, poll_interval_s, as_json, capacity)
     if runtimes:  # likewise
         return _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis,
                                max_requests, as_json)
@@ -249,7 +253,7 @@ def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: 
 
 def _bench_capacity(out: Path, requests: int | None, batch_size: int | None,
                     max_wait_ms: float | None, redis: str | None, cluster: bool,
-                    as_json: bool, capacity: bool) -> None:
+                    poll_interval_s: float | None, as_json: bool, capacity: bool) -> None:
     """``bench --capacity``: batchfleet/bench/capacity_run.py."""
     from batchfleet.bench.capacity import CapacityPlan
     from batchfleet.bench.capacity_run import render, run_capacity
@@ -269,6 +273,10 @@ def _bench_capacity(out: Path, requests: int | None, batch_size: int | None,
         plan = replace(plan, max_batch_size=batch_size)
     if max_wait_ms is not None:
         plan = replace(plan, max_wait_ms=max_wait_ms)
+    if poll_interval_s is not None:
+        if poll_interval_s <= 0:
+            raise fail("--poll-interval-s must be positive")
+        plan = replace(plan, poll_interval_s=poll_interval_s)
     try:
         found = run_capacity(plan)
     except BatchfleetError as exc:

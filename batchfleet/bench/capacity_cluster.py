@@ -12,8 +12,9 @@ What a cluster changes (``connectors/cluster_store.py``, ``cluster_streams.py``,
   second pipelined step sends one ``SPUBLISH`` per client channel, bodies included:
   the bodies go into Redis as well as out of it;
 * the ack is one script per stream (``XACK`` + ``XDEL`` inside), with no MULTI/EXEC;
-* a fetch is one ``XREADGROUP`` per slot group of the lanes read. demo-mlp's two lanes
-  are two calls, each blocking at most 20 ms;
+* a fetch is one ``XREADGROUP`` per slot group of the streams read, each blocking at
+  most 20 ms. A demo-mlp worker reads four streams (both lanes of ``demo-mlp`` and of
+  its version lane ``demo-mlp@default``), each with its own tag: four calls;
 * admission reads ``INFO memory`` from every primary, after a pipelined ``XLEN``.
 
 The prediction is exact, not an expected value. The run knows every request ID, and so
@@ -44,7 +45,7 @@ from batchfleet.bench.capacity_meter import METERS, Counts, Meter
 from batchfleet.connectors import cluster_store, cluster_streams, redis_streams, result_store
 from batchfleet.producers.client import SUBMIT_CHUNK
 from batchfleet.schemas.envelopes import Result
-from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, RESULT_TAGS, Names, result_tag
+from batchfleet.schemas.names import LANE_INTERACTIVE, RESULT_TAGS, Names, result_tag
 
 #: Script texts as they go over the wire with each ``EVAL``.
 PUT_PENDING_BYTES = len(result_store._PUT_PENDING)
@@ -66,8 +67,8 @@ class Layout:
 
     node_of_slot: Callable[[int], str]
     primaries: tuple[str, ...]
-    stream: str  # the interactive lane's stream
-    bulk: str  # the bulk lane's stream (read, empty)
+    stream: str  # the interactive lane's stream, where the requests go
+    reads: tuple[tuple[str, str], ...]  # (stream, node) of every stream the worker reads
     channels: tuple[str, ...]  # per client
     control: str  # the control-plane tag {ns}: heartbeats, registry, …
 
@@ -133,13 +134,13 @@ def predict_per_node(chunks: Sequence[Sequence[str]], batches: Sequence[Batch],
 
 def fetch_bounds(layout: Layout, n: int, batches: int, max_batch_size: int,
                  elapsed_s: float, prefetch_batches: int = 2) -> dict[str, tuple[int, int]]:
-    """``XREADGROUP`` per primary: each fetch reads both lanes, one call per stream. At
-    least one fetch per ``prefetch x max_batch_size`` entries; at most one per batch
-    plus one per 20 ms (the capped block of the empty bulk lane)."""
+    """``XREADGROUP`` per primary: each fetch reads every stream, one call per slot
+    group. At least one fetch per ``prefetch x max_batch_size`` entries; at most one per
+    batch plus one per 20 ms (the capped block of the empty lanes)."""
     low = math.ceil(n / (prefetch_batches * max_batch_size))
     high = batches + math.ceil(elapsed_s * 1000 / cluster_streams.CLUSTER_BLOCK_MS) + 1
     out: dict[str, tuple[int, int]] = {p: (0, 0) for p in layout.primaries}
-    for node in (layout.stream, layout.bulk):
+    for node in Counter(node for _, node in layout.reads).elements():
         lo, hi = out[node]
         out[node] = (lo + low, hi + high)
     return out
@@ -163,8 +164,9 @@ class Calls:
     batches: int
     write: int  # write EVALs (slot groups over the batches)
     spublish: int
-    fetches: int  # XREADGROUP calls, both lanes
+    fetches: int  # XREADGROUP calls, one per stream read
     primaries: int
+    read_stream: float  # mean length of the names of the streams read
 
 
 def predict_bytes(n: int, sizes: Sizes, calls: Calls) -> dict[str, float]:
@@ -188,8 +190,8 @@ def predict_bytes(n: int, sizes: Sizes, calls: Calls) -> dict[str, float]:
              + calls.write * command(4, WRITE_BYTES, 2, 5, 3)
              + calls.spublish * command(8, sizes.channel, 3)
              + calls.batches * command(4, ACK_BYTES, 1, sizes.stream, sizes.group)
-             + calls.fetches * command(10, 5, sizes.group, CONSUMER_BYTES, 5, 3, 5, 2, 7,
-                                        sizes.stream - 4, 1)) / n
+             + calls.fetches * (command(10, 5, sizes.group, CONSUMER_BYTES, 5, 3, 5, 2, 7,
+                                         1) + bulk(round(calls.read_stream)))) / n
     out: float = (4 + 6  # put-pending reply :0, write reply $0 (no owner)
            + 4 + entry + 4 + bulk(1) + bulk(r)  # XREADGROUP entry
            + item)  # the announcement, to the subscriber
@@ -201,13 +203,17 @@ def predict_bytes(n: int, sizes: Sizes, calls: Calls) -> dict[str, float]:
     return {"in": into, "out": out}
 
 
-def layout_for(meter: Meter, names: Names, model: str, client_ids: Sequence[str]) -> Layout:
-    """Where this run's streams, channels and control plane live on ``meter``'s cluster."""
+async def layout_for(meter: Meter, names: Names, model: str, client_ids: Sequence[str]
+                     ) -> Layout:
+    """Where this run's streams, channels and control plane live on ``meter``'s cluster.
+    The streams the worker reads are the namespace's streams: it created them."""
     def node(key: str) -> str:
         (slot,) = cluster_store.slot_groups([key])
         return meter.node_of_slot(slot)
+    streams = await meter.streams(f"{names.prefix}:stream:*")
     return Layout(meter.node_of_slot, tuple(meter.primaries),
-                  node(names.stream(model, LANE_INTERACTIVE)), node(names.stream(model, LANE_BULK)),
+                  node(names.stream(model, LANE_INTERACTIVE)),
+                  tuple((s, node(s)) for s in streams),
                   tuple(node(names.notify_channel(c)) for c in client_ids),
                   node(names.model_registry))
 
@@ -243,7 +249,8 @@ def cluster_report(run: Measured, layout: Layout, names: Names, per_node: dict[s
     put = sum(sum(layout.groups(c).values()) for c in chunks)
     write = sum(sum(layout.groups(b.keys).values()) for b in batches)
     fetches = counts.get("xreadgroup", 0)
-    calls = Calls(len(chunks), put, k, write, total["spublish"], fetches, len(layout.primaries))
+    calls = Calls(len(chunks), put, k, write, total["spublish"], fetches, len(layout.primaries),
+                  sum(len(s) for s, _ in layout.reads) / max(1, len(layout.reads)))
     bytes_ = predict_bytes(n, run.sizes, calls)
     submit_trips = sum(len(layout.groups(c)) + 2 + len(layout.primaries) for c in chunks)
     worker_trips = fetches + sum(len(layout.groups(b.keys)) + 1 + len(
@@ -282,9 +289,9 @@ def _per_primary(run: Measured, layout: Layout, names: Names,
             return round((now[key] - idle[key] * run.scale) / n, 1)
         calls = sum(v for c, v in now.items() if c not in METERS)
         quiet = sum(v for c, v in idle.items() if c not in METERS) * run.scale
-        holds = [what for what, node in (
-            ("interactive stream", layout.stream), ("bulk stream", layout.bulk),
-            ("control plane", layout.control)) if node == p]
+        holds = [stream.rpartition(":stream:")[2] for stream, node in layout.reads
+                 if node == p]
+        holds += ["control plane"] if layout.control == p else []
         holds += [f"client {i} channel" for i, node in enumerate(layout.channels) if node == p]
         out[p] = {
             "result_tags": sorted(tags[p]), "holds": holds,
@@ -295,6 +302,7 @@ def _per_primary(run: Measured, layout: Layout, names: Names,
             "calls_per_request": round((calls - quiet) / n, 3),
             "net_in_per_request": net("net_in"), "net_out_per_request": net("net_out"),
             "repl_out_per_request": net("repl_out"),
+            "cpu_us_per_request": round((now["cpu_us"] - idle["cpu_us"] * run.scale) / n, 2),
         }
     return out
 
@@ -320,8 +328,9 @@ def render(found: dict[str, Any]) -> str:
               f"{calls['write']:,} ({calls['write'] / k:.2f} per batch); the expected-tag "
               f"formula gives {found['expected_eval']:,} EVAL in all.", "",
               "| primary | result tags | also holds | records | EVAL predicted / measured "
-              "| SPUBLISH | XADD | XREADGROUP | calls / request | bytes in / out / "
-              "replication per request |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "| SPUBLISH | XADD | XREADGROUP | calls / request | CPU µs / request "
+              "| bytes in / out / replication per request |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p, row in found["per_primary"].items():
         c = row["commands"]
         lines.append(
@@ -330,7 +339,8 @@ def render(found: dict[str, Any]) -> str:
             f"| {c['eval']['predicted']:,} / {c['eval']['measured']:,} "
             f"| {c['spublish']['predicted']:,} / {c['spublish']['measured']:,} "
             f"| {c['xadd']['predicted']:,} / {c['xadd']['measured']:,} | {row['xreadgroup']:,} "
-            f"| {row['calls_per_request']} | {row['net_in_per_request']} / "
+            f"| {row['calls_per_request']} | {row['cpu_us_per_request']} "
+            f"| {row['net_in_per_request']} / "
             f"{row['net_out_per_request']} / {row['repl_out_per_request']} |")
     lines += ["", "| bytes per request | predicted | measured (background removed) |",
               "|---|---:|---:|"]

@@ -128,6 +128,15 @@ class Meter:
         """Entries delivered and not yet acked, over the stream's groups."""
         return sum(int(g["pending"]) for g in await self.keyed.xinfo_groups(stream))
 
+    async def streams(self, pattern: str) -> list[str]:
+        """The stream keys matching ``pattern`` on every primary, sorted."""
+        found: list[str] = []
+        for n in self.nodes:
+            if n.primary:
+                found += [k.decode() if isinstance(k, bytes) else str(k) async for k in
+                          n.client.scan_iter(match=pattern, _type="STREAM")]
+        return sorted(found)
+
     async def memory_usage(self, key: str) -> int:
         return int(await self.keyed.memory_usage(key) or 0)
 

@@ -92,8 +92,8 @@ async def _measure(plan: CapacityPlan, meter: Meter, names: Names) -> dict[str, 
         ids = [res.request_id for done in per_client for res in done]
         sizes = sizes_for(names, plan.model, clients[0].client_id, sample, ids)
         gets, foreign = min(plan.gets, len(ids)), min(plan.foreign_waits, len(ids))
-        layout = (capacity_cluster.layout_for(meter, names, plan.model,
-                                              [c.client_id for c in clients])
+        layout = (await capacity_cluster.layout_for(meter, names, plan.model,
+                                                    [c.client_id for c in clients])
                   if meter.cluster else None)
         predicted_reads = (
             capacity.predict_reads(gets, foreign) if layout is None else
