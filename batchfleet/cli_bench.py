@@ -107,7 +107,17 @@ def bench(
                            "memory per queued request and per result) for --max-requests "
                            "demo-mlp requests (default 20,000) submitted with submit_many, "
                            "next to the capacity model's prediction; writes capacity.json "
-                           "under --out (docs/scaling.md).")] = False,
+                           "under --out (docs/scaling.md). With --redis "
+                           "redis+cluster://host:port,... or --cluster, on a Redis Cluster: "
+                           "every primary read and summed, and each primary's share.")
+    ] = False,
+    cluster: Annotated[bool, typer.Option(
+        "--cluster", help="With --capacity and no --redis: start a throwaway Redis Cluster "
+                          "(3 primaries, 3 replicas on loopback) and count on it.")] = False,
+    poll_interval_s: Annotated[float | None, typer.Option(
+        help="With --capacity: the clients' safety poll in seconds (default 1, the SDK's). "
+             "Every 10th poll re-reads every outstanding wait, and a run that spans one "
+             "counts those reads on top of the request paths.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the fleet end to end against the model alone, naive RQ and the
@@ -141,14 +151,17 @@ def bench(
         batchfleet bench --runtimes -m demo-encoder --out bench-results/runtimes
 
         batchfleet bench --capacity --max-requests 20000
+
+        batchfleet bench --capacity --cluster --max-requests 20000 --poll-interval-s 5
     """
     from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
     from batchfleet.bench.run import rerender, run_bench
     from batchfleet.schemas.errors import BatchfleetError
 
-    if capacity:  # a measurement of its own instead of the fleet bench
-        return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis, as_json)
+    if capacity or cluster:  # a measurement of its own instead of the fleet bench
+        return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis,
+                               cluster, poll_interval_s, as_json, capacity)
     if runtimes:  # likewise
         return _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis,
                                max_requests, as_json)
@@ -239,12 +252,19 @@ def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: 
 
 
 def _bench_capacity(out: Path, requests: int | None, batch_size: int | None,
-                    max_wait_ms: float | None, redis: str | None, as_json: bool) -> None:
-    """``bench --capacity``: batchfleet/bench/capacity.py."""
-    from batchfleet.bench.capacity import CapacityPlan, render, run_capacity
+                    max_wait_ms: float | None, redis: str | None, cluster: bool,
+                    poll_interval_s: float | None, as_json: bool, capacity: bool) -> None:
+    """``bench --capacity``: batchfleet/bench/capacity_run.py."""
+    from batchfleet.bench.capacity import CapacityPlan
+    from batchfleet.bench.capacity_run import render, run_capacity
     from batchfleet.schemas.errors import BatchfleetError
 
-    plan = CapacityPlan(redis_url=redis)
+    if not capacity:
+        raise fail("--cluster goes with --capacity")
+    if cluster and redis is not None:
+        raise fail("--cluster starts its own cluster: leave out --redis, or pass "
+                   "--redis redis+cluster://host:port,... for an existing one")
+    plan = CapacityPlan(redis_url=redis, cluster=cluster)
     if requests is not None:
         if requests < 1:
             raise fail("--max-requests must be at least 1")
@@ -253,6 +273,10 @@ def _bench_capacity(out: Path, requests: int | None, batch_size: int | None,
         plan = replace(plan, max_batch_size=batch_size)
     if max_wait_ms is not None:
         plan = replace(plan, max_wait_ms=max_wait_ms)
+    if poll_interval_s is not None:
+        if poll_interval_s <= 0:
+            raise fail("--poll-interval-s must be positive")
+        plan = replace(plan, poll_interval_s=poll_interval_s)
     try:
         found = run_capacity(plan)
     except BatchfleetError as exc:

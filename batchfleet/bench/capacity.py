@@ -1,31 +1,26 @@
 """``bench --capacity``: what one request costs Redis, counted, next to the capacity model.
 
 Why counts and not a scaling curve: on a shared 2-core box a throughput curve measures
-the neighbours, while Redis's own counters are exact. The run resets them (``CONFIG
-RESETSTAT``), submits N requests with ``submit_many`` to a real worker process, waits
-for every result, and reads ``INFO commandstats`` (commands run inside Lua scripts are
+the neighbours, while Redis's own counters are exact. ``capacity_run`` runs a real
+worker and the SDK and reads ``INFO commandstats`` (commands run inside Lua scripts are
 counted under their own names, so ``hsetnx`` counts pending records and ``publish``
-announcements) and ``total_net_input/output_bytes``. An idle window of the same fleet,
-read the same way first, is the background (heartbeats, policy reads, idle fetches) that
-the request paths are measured on top of. :func:`predict_commands`,
-:func:`predict_bytes` and :func:`predict_reads` are docs/scaling.md's model;
-tests/integration/test_capacity_model.py holds the two together.
+announcements) and ``total_net_input/output_bytes``, with an idle window of the same
+fleet as the background. :func:`predict_commands`, :func:`predict_bytes` and
+:func:`predict_reads` are docs/scaling.md's single-node model (``capacity_cluster`` has
+the cluster's); tests/integration/test_capacity_model.py holds the two together.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from batchfleet.bench.fleet import new_namespace, services, worker
+from batchfleet.bench.capacity_meter import METERS, Counts
 from batchfleet.demo import demo_inputs
-from batchfleet.producers import AsyncClient
 from batchfleet.producers.client import SUBMIT_CHUNK
 from batchfleet.schemas.envelopes import Request, Result, encode_request, encode_result
 from batchfleet.schemas.names import LANE_INTERACTIVE, Names
@@ -37,8 +32,6 @@ READ_CHUNK = 2000
 #: Stream entry IDs as Redis makes them in a burst: 13-digit ms, '-', a sequence number
 #: that counts up within a millisecond (a 1,000-entry XADD script reaches 3 digits).
 ENTRY_ID_BYTES = 17
-#: What :func:`_counters` reads besides commands: net bytes in and out, Redis CPU.
-METERS = ("net_in", "net_out", "cpu_us")
 #: Worker IDs are ``w-`` and 8 hex digits: the consumer name in XREADGROUP.
 CONSUMER_BYTES = 10
 #: The ``INFO memory`` reply admission reads once per chunk (Redis 7.0: about 1.4 KB).
@@ -62,7 +55,14 @@ class CapacityPlan:
     foreign_waits: int = 1_000
     #: Requests queued with no worker, to weigh a queued request (0: skip).
     queued: int = 5_000
+    #: A ``redis://`` or ``redis+cluster://`` URL; None: an embedded Redis, or with
+    #: ``cluster`` a throwaway 3-primary cluster (``cluster_servers``).
     redis_url: str | None = None
+    cluster: bool = False
+    #: The clients' safety poll (the SDK's default). Every 10th poll re-reads every
+    #: outstanding wait (a script call per 2,000 IDs, per slot group on a cluster, and an
+    #: HMGET per ID): a run that spans one counts it on top of the request paths.
+    poll_interval_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,187 +173,114 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
     return {"in": into, "out": out}
 
 
-def sizes_for(names: Names, model: str, client_id: str, sample: Result) -> Sizes:
-    """The encoded sizes of a request like the SDK sends and a result like ``sample``."""
+def sizes_for(names: Names, model: str, client_id: str, sample: Result,
+              request_ids: Sequence[str] = ()) -> Sizes:
+    """The encoded sizes of a request like the SDK sends and a result like ``sample``;
+    with ``request_ids``, the mean length of their result keys (on a cluster a key's
+    hash tag is ``{r0}`` to ``{r15}``, so lengths differ by one)."""
     rid = uuid.uuid4().hex
     row = demo_inputs(model, 1)[0]
     req = Request(rid, model, row, LANE_INTERACTIVE, enqueued_at=time.time(), notify=client_id)
     pending = Result(rid, "pending", model=model, enqueued_at=req.enqueued_at)
-    return Sizes(len(encode_request(req)), len(encode_result(pending)), len(encode_result(sample)),
-                 len(rid), len(names.result(rid)), len(names.notify_channel(client_id)),
-                 len(names.stream(model, LANE_INTERACTIVE)), len(names.consumer_group),
-                 len(names.inflight_prefix))
+    sizes = Sizes(len(encode_request(req)), len(encode_result(pending)),
+                  len(encode_result(sample)), len(rid), len(names.result(rid)),
+                  len(names.notify_channel(client_id)),
+                  len(names.stream(model, LANE_INTERACTIVE)), len(names.consumer_group),
+                  len(names.inflight_prefix))
+    if request_ids:
+        mean = sum(len(names.result(i)) for i in request_ids) / len(request_ids)
+        sizes = replace(sizes, result_key=round(mean))
+    return sizes
 
 
-async def _counters(r: aioredis.Redis) -> dict[str, int]:
-    """Calls per command, plus ``net_in``/``net_out`` bytes, since the last RESETSTAT."""
-    stats = await r.info("commandstats")
-    out = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-    net, cpu = await r.info("stats"), await r.info("cpu")
-    out["net_in"], out["net_out"] = (int(net["total_net_input_bytes"]),
-                                     int(net["total_net_output_bytes"]))
-    # Redis's own CPU, networking included (cumulative: only differences mean anything).
-    # Not commandstats' usec: a script's time is counted again under each inner command.
-    out["cpu_us"] = int((float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6)
-    return out
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One counted run, as the reports read it: counts summed over the primaries."""
+
+    plan: CapacityPlan
+    per_client: list[list[Result]]  # each client's results, in submit order
+    counts: Counts  # the request phase
+    idle: Counts  # the idle window before it
+    elapsed_s: float
+    sizes: Sizes
+    memory: dict[str, float | None]
+
+    @property
+    def results(self) -> list[Result]:
+        return [res for done in self.per_client for res in done]
+
+    @property
+    def scale(self) -> float:
+        """The idle window's counts, stretched to the run's length."""
+        return self.elapsed_s / self.plan.idle_s
+
+    def background(self, command: str) -> float:
+        return round(self.idle.get(command, 0) * self.scale, 1)
+
+    def net_per_request(self, side: str) -> float:
+        """Bytes ``in``/``out`` (or ``repl_out``) per request, the background removed."""
+        key = side if side.startswith("repl") else f"net_{side}"
+        return (self.counts[key] - self.idle[key] * self.scale) / len(self.results)
 
 
-async def _used_memory(r: aioredis.Redis) -> int:
-    return int((await r.info("memory"))["used_memory"])
-
-
-async def _queued_bytes(r: aioredis.Redis, url: str, model: str, n: int) -> float:
-    """Memory per queued request: N submitted where no worker reads (pending record +
-    stream entry), then deleted."""
-    names = Names(new_namespace("capacity-q"))
-    before = await _used_memory(r)
-    async with AsyncClient(url, namespace=names.prefix, check_model=False) as client:
-        ids = await client.submit_many(model, list(demo_inputs(model, n, seed=3)))
-        grown = (await _used_memory(r) - before) / n
-    await r.unlink(names.stream(model, LANE_INTERACTIVE), *(names.result(i) for i in ids))
-    return grown
-
-
-async def measure_capacity(plan: CapacityPlan) -> dict[str, Any]:
-    """Run the fleet, count, and return measured and predicted costs (JSON-ready)."""
-    with services(plan.redis_url, None, False) as svc:
-        ns = new_namespace("capacity")
-        with worker(svc, "redis", plan.model, plan.max_batch_size, plan.max_wait_ms, ns):
-            return await _measure(plan, svc.redis_url, Names(ns))
-
-
-async def _measure(plan: CapacityPlan, url: str, names: Names) -> dict[str, Any]:
-    r = aioredis.Redis.from_url(url)
-    clients = [AsyncClient(url, namespace=names.prefix) for _ in range(plan.clients)]
-    try:
-        warm = [await c.submit_many(plan.model, list(demo_inputs(plan.model, 8)))
-                for c in clients]
-        sample = (await clients[0].wait_many(warm[0], WAIT_TIMEOUT_S))[0]
-        for c, ids in zip(clients[1:], warm[1:], strict=True):
-            await c.wait_many(ids, WAIT_TIMEOUT_S)
-        await r.config_resetstat()
-        cpu_idle = await _counters(r)
-        await asyncio.sleep(plan.idle_s)
-        idle = await _counters(r)
-        idle["cpu_us"] -= cpu_idle["cpu_us"]
-        inputs = list(demo_inputs(plan.model, plan.requests))
-        mem_before = await _used_memory(r)
-        await r.config_resetstat()
-        cpu_start = (await _counters(r))["cpu_us"]
-        start = time.perf_counter()
-        per_client = await asyncio.gather(*(
-            _submit_and_wait(c, plan.model, inputs[i::plan.clients])
-            for i, c in enumerate(clients)))
-        await _until_acked(r, names.stream(plan.model, LANE_INTERACTIVE))
-        elapsed = time.perf_counter() - start
-        counts = await _counters(r)
-        counts["cpu_us"] -= cpu_start
-        mem_after = await _used_memory(r)
-        results = [res for done in per_client for res in done]
-        ids = [res.request_id for res in results]
-        sizes = sizes_for(names, plan.model, clients[0].client_id, sample)
-        reads = await _read_phase(r, url, names, clients[0], ids, plan)
-        stored = int(await r.memory_usage(names.result(ids[-1])) or 0)
-        queued = await _queued_bytes(r, url, plan.model, plan.queued) if plan.queued else None
-    finally:
-        for c in clients:
-            await c.close()
-        await r.aclose()
-    found = report(plan, results, counts, idle, elapsed, sizes,
-                   {"per_result_used_memory": (mem_after - mem_before) / plan.requests,
-                    "per_result_memory_usage": stored, "per_queued_request": queued})
-    found["reads"] = reads
-    return found
-
-
-async def _until_acked(r: aioredis.Redis, stream: str) -> None:
-    """A result is announced before its entry is acked (write first, then ack): wait for
-    the last acks, so every batch's are counted. XINFO is no command of the model."""
-    for _ in range(int(WAIT_TIMEOUT_S / 0.01)):
-        if all(int(g["pending"]) == 0 for g in await r.xinfo_groups(stream)):
-            return
-        await asyncio.sleep(0.01)
-
-
-async def _submit_and_wait(client: AsyncClient, model: str, inputs: list[Any]) -> list[Result]:
-    return await client.wait_many(await client.submit_many(model, inputs), WAIT_TIMEOUT_S)
-
-
-async def _read_phase(r: aioredis.Redis, url: str, names: Names, client: AsyncClient,
-                      ids: list[str], plan: CapacityPlan) -> dict[str, Any]:
-    """``get`` on some results, then a second client's ``wait_many`` on others, counted."""
-    gets, foreign = min(plan.gets, len(ids)), min(plan.foreign_waits, len(ids))
-    async with AsyncClient(url, namespace=names.prefix) as other:
-        await other.known_models()  # its connections open outside the counted window
-        await r.config_resetstat()
-        for rid in ids[:gets]:
-            await client.get(rid)
-        await other.wait_many(ids[-foreign:], WAIT_TIMEOUT_S)
-        counts = await _counters(r)
-    predicted = predict_reads(gets, foreign)
-    return {"gets": gets, "foreign_waits": foreign,
-            "commands": {c: {"predicted": v, "measured": counts.get(c, 0)}
-                         for c, v in predicted.items()},
-            "other_commands": _others(counts, predicted),
-            "bytes_out_per_read": round(counts["net_out"] / (gets + foreign), 1)}
-
-
-def _others(counts: dict[str, int], known: dict[str, Any]) -> dict[str, int]:
+def others(counts: Counts, known: dict[str, Any]) -> Counts:
+    """Commands outside the model (the background), meters and subcommands left out."""
     return {c: v for c, v in counts.items()
             if c not in known and c not in METERS and "|" not in c}
 
 
-def report(plan: CapacityPlan, results: list[Result], counts: dict[str, int],
-           idle: dict[str, int], elapsed_s: float, sizes: Sizes, memory: dict[str, Any]
-           ) -> dict[str, Any]:
-    """Measured against predicted, per command and per request, with the background."""
+def common(run: Measured) -> dict[str, Any]:
+    """What every report has, one Redis or a cluster: the run, the idle fleet's rate, the
+    sizes, Redis CPU and memory."""
+    plan, results, idle = run.plan, run.results, run.idle
     n = len(results)
-    batches = round(sum(1.0 / (res.batch_size or 1) for res in results))
-    scale = elapsed_s / plan.idle_s  # the idle window's counts, stretched to the run
-
-    def background(command: str) -> float:
-        return round(idle.get(command, 0) * scale, 1)
-
-    rows: dict[str, dict[str, float]] = {
-        command: {"predicted": predicted, "measured": counts.get(command, 0),
-                  "background": background(command)}
-        for command, predicted in predict_commands(n, batches, plan.clients).items()}
-    bounds = {"publish": publish_bounds(batches, plan.clients),
-              "xreadgroup": fetch_bounds(n, batches, plan.max_batch_size, elapsed_s),
-              "xclaim": (0, 0)}
-    for command, (low, high) in bounds.items():
-        rows[command] = {"predicted_low": low, "predicted_high": high,
-                         "measured": counts.get(command, 0), "background": background(command)}
-    fetches = counts.get("xreadgroup", 0)
-    predicted_bytes = predict_bytes(n, batches, sizes, fetches, plan.clients)
-    measured_bytes = {side: (counts[f"net_{side}"] - idle[f"net_{side}"] * scale) / n
-                      for side in ("in", "out")}
-    chunks = chunks_of(n, plan.clients)
     return {
-        "requests": n, "batches": batches, "mean_batch": round(n / batches, 1),
-        "clients": plan.clients, "chunk": SUBMIT_CHUNK, "elapsed_s": round(elapsed_s, 3),
+        "requests": n, "clients": plan.clients, "chunk": SUBMIT_CHUNK,
+        "elapsed_s": round(run.elapsed_s, 3),
         "succeeded": sum(res.status == "succeeded" for res in results),
-        "commands": rows, "other_commands": _others(counts, rows),
         # one idle worker and client, per second: what a fleet costs Redis doing nothing
         "idle_per_s": {c: round(v / plan.idle_s, 1) for c, v in sorted(idle.items())
                        if "|" not in c and v},
-        "sizes": {k: getattr(sizes, k) for k in Sizes.__slots__},
-        "bytes_per_request": {side: {"predicted": round(predicted_bytes[side], 1),
-                                     "measured": round(measured_bytes[side], 1)}
-                              for side in ("in", "out")},
+        "sizes": {k: getattr(run.sizes, k) for k in Sizes.__slots__},
         "redis_cpu_us_per_request": round(
-            (counts["cpu_us"] - idle["cpu_us"] * scale) / n, 2),
-        "round_trips_per_request": {"submit": round(3 * chunks / n, 4),
-                                    "worker": round((fetches + 2 * batches) / n, 4),
-                                    "read": 0.0},
-        "memory_bytes": {k: (None if v is None else round(v, 1)) for k, v in memory.items()},
+            (run.counts["cpu_us"] - idle["cpu_us"] * run.scale) / n, 2),
+        "memory_bytes": {k: (None if v is None else round(v, 1))
+                         for k, v in run.memory.items()},
         "plan": {"model": plan.model, "max_batch_size": plan.max_batch_size,
                  "max_wait_ms": plan.max_wait_ms, "idle_s": plan.idle_s},
     }
 
 
-def run_capacity(plan: CapacityPlan) -> dict[str, Any]:
-    return asyncio.run(measure_capacity(plan))
+def report(run: Measured) -> dict[str, Any]:
+    """Measured against predicted, per command and per request, with the background."""
+    plan, counts = run.plan, run.counts
+    results = run.results
+    n = len(results)
+    batches = round(sum(1.0 / (res.batch_size or 1) for res in results))
+    rows: dict[str, dict[str, float]] = {
+        command: {"predicted": predicted, "measured": counts.get(command, 0),
+                  "background": run.background(command)}
+        for command, predicted in predict_commands(n, batches, plan.clients).items()}
+    bounds = {"publish": publish_bounds(batches, plan.clients),
+              "xreadgroup": fetch_bounds(n, batches, plan.max_batch_size, run.elapsed_s),
+              "xclaim": (0, 0)}
+    for command, (low, high) in bounds.items():
+        rows[command] = {"predicted_low": low, "predicted_high": high,
+                         "measured": counts.get(command, 0),
+                         "background": run.background(command)}
+    fetches = counts.get("xreadgroup", 0)
+    predicted_bytes = predict_bytes(n, batches, run.sizes, fetches, plan.clients)
+    chunks = chunks_of(n, plan.clients)
+    return {
+        **common(run), "batches": batches, "mean_batch": round(n / batches, 1),
+        "commands": rows, "other_commands": others(counts, rows),
+        "bytes_per_request": {side: {"predicted": round(predicted_bytes[side], 1),
+                                     "measured": round(run.net_per_request(side), 1)}
+                              for side in ("in", "out")},
+        "round_trips_per_request": {"submit": round(3 * chunks / n, 4),
+                                    "worker": round((fetches + 2 * batches) / n, 4),
+                                    "read": 0.0},
+    }
 
 
 def render(found: dict[str, Any]) -> str:

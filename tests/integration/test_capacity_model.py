@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from batchfleet.bench.capacity import CapacityPlan, measure_capacity
+from batchfleet.bench.capacity import CapacityPlan
+from batchfleet.bench.capacity_run import measure_capacity
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -21,8 +21,8 @@ ALLOWED = {
     # The benchmark's baseline *is* plain RQ on a plain Redis client: that is what it measures.
     "batchfleet/bench/naive_rq.py": "the RQ baseline it benchmarks against",
     "batchfleet/bench/broker_loop.py": "the broker-only baseline: raw XADD and XREADGROUP",
-    "batchfleet/bench/capacity.py": "counts what requests cost Redis: CONFIG RESETSTAT, "
-                                    "INFO commandstats",
+    "batchfleet/bench/capacity_meter.py": "counts what requests cost Redis: CONFIG "
+                                          "RESETSTAT, INFO commandstats on every node",
 }
 
 
