@@ -102,14 +102,14 @@ def predict_commands(n: int, batches: int, clients: int = 1) -> dict[str, float]
     """Commands the request paths cost for N requests in K batches (one client; with
     more, PUBLISH is bounded by :func:`publish_bounds`).
 
-    submit, per chunk of C: 1 EVALSHA put_pending (HSETNX, HSET gen/body, HSET notify,
-    EXPIRE per request), 1 EVALSHA XADD-many (XADD per request), 1 admission pipeline
-    (INFO memory + XLEN). write, per batch: 1 EVALSHA (HMGET, HSET, EXPIRE per request;
+    submit, per chunk of C: 1 EVALSHA of the one-trip submit (per request HSETNX, HSET
+    gen/body, HSET notify, EXPIRE, XADD: ``connectors.redis_submit``, the results and the
+    streams on one node), 1 admission pipeline (INFO memory + XLEN). write, per batch: 1 EVALSHA (HMGET, HSET, EXPIRE per request;
     1 PUBLISH per client). ack, per batch: MULTI, XACK, XDEL, EXEC. read: nothing (the
     announcement carries the bodies). Fetches (XREADGROUP) are bounded separately."""
     chunks = chunks_of(n, clients)
     return {
-        "evalsha": 2 * chunks + batches, "hsetnx": n, "hset": 3 * n, "expire": 2 * n,
+        "evalsha": chunks + batches, "hsetnx": n, "hset": 3 * n, "expire": 2 * n,
         "xadd": n, "hmget": n, "publish": batches, "multi": batches, "xack": batches,
         "xdel": batches, "exec": batches, "info": chunks, "xlen": chunks,
     }
@@ -147,15 +147,15 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
     chunks = chunks_of(n, clients)
     entry = bulk(ENTRY_ID_BYTES)
     rid, stream, group = sizes.request_id, sizes.stream, sizes.group
-    meta_pending = 1 + 1 + 1 + _str_h(16) + 16  # ["", "", client_id]
+    meta_pending = 1 + 1 + 1 + _str_h(16) + 16 + 1  # ["", "", client_id, stream index]
     meta_write = 1 + _str_h(rid) + rid + 10 + _str_h(sizes.channel) + sizes.channel + 1
     into: float = (
-        bulk(sizes.result_key) + bulk(sizes.pending) + meta_pending  # put_pending
-        + bulk(sizes.request)  # XADD-many
+        bulk(sizes.result_key) + bulk(sizes.pending) + meta_pending  # submit: record
+        + bulk(sizes.request)  # and payload
         + bulk(sizes.result_key) + bulk(sizes.result) + meta_write  # write_terminal
         + 2 * entry)  # XACK + XDEL
     evalsha = command(7, 40, 4, 5, 8)  # EVALSHA sha numkeys ttl meta(header), ~
-    per_chunk = (evalsha + command(7, 40, 1, stream, 1, 4)  # put_pending, XADD-many
+    per_chunk = (evalsha + bulk(1) + bulk(stream)  # submit: + maxlen, the stream key
                  + command(4, 6) + command(4, stream))  # admission: INFO memory, XLEN
     per_batch = (evalsha + bulk(sizes.inflight_prefix)  # write_terminal
                  + command(5) + command(4, stream, group) + command(4, stream)
@@ -164,7 +164,7 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
                         1, 1)  # both lanes of the model
     into += (chunks * per_chunk + batches * per_batch + fetches * per_fetch) / n
     out: float = (
-        4 + 4  # put_pending and write_terminal replies, one integer per key
+        4 + 4  # submit and write_terminal replies, one integer per key
         + 4 + entry + 4 + bulk(1) + bulk(sizes.request)  # XREADGROUP entry
         + _str_h(rid) + rid + _bin_h(sizes.result) + sizes.result)  # PUBLISH payload
     out += (batches * (37 + 6 + 4 + bulk(7) + bulk(sizes.channel) + 9)  # replies, message
@@ -277,7 +277,7 @@ def report(run: Measured) -> dict[str, Any]:
         "bytes_per_request": {side: {"predicted": round(predicted_bytes[side], 1),
                                      "measured": round(run.net_per_request(side), 1)}
                               for side in ("in", "out")},
-        "round_trips_per_request": {"submit": round(3 * chunks / n, 4),
+        "round_trips_per_request": {"submit": round(2 * chunks / n, 4),
                                     "worker": round((fetches + 2 * batches) / n, 4),
                                     "read": 0.0},
     }
