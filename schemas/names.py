@@ -41,9 +41,17 @@ def check_lane(lane: str) -> str:
     return lane
 
 
-#: Redis Cluster: result records are spread over this many hash tags (``{r0}`` … ``{r15}``),
-#: so a batch's writes fall into at most this many slot groups (one script call each).
+#: Redis Cluster: result records are spread over this many hash tags, so a batch's writes
+#: fall into at most this many slot groups (one script call each).
 RESULT_TAGS: Final = 16
+#: The tags themselves, one per sixteenth of the 16,384 slots: tag ``i``'s CRC16 slot lies
+#: in the middle half of slots ``[1024 i, 1024 (i + 1))`` (the first ``r<i>.<j>`` that
+#: does; ``tests/unit/test_cluster_names.py`` re-derives them). ``{r0}``..``{r15}`` bunched
+#: near four slots, so 3 primaries held 4, 8 and 4 of them; these split 5/6/5, and any
+#: even split of the slots over up to 16 primaries gives each its share.
+RESULT_TAG_TEXTS: Final = (
+    "r0.63", "r1.68", "r2.43", "r3.48", "r4.13", "r5.18", "r6.9", "r7.38",
+    "r8.43", "r9.8", "r10.13", "r11.18", "r12.21", "r13.39", "r14.3", "r15.4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +104,8 @@ class Names:
     def result(self, request_id: str) -> str:
         """Hash holding a request's status and its encoded result envelope."""
         if self.cluster:
-            return f"{self.prefix}:result:{{r{result_tag(request_id)}}}:{request_id}"
+            tag = RESULT_TAG_TEXTS[result_tag(request_id)]
+            return f"{self.prefix}:result:{{{tag}}}:{request_id}"
         return f"{self.prefix}:result:{request_id}"
 
     def notify_channel(self, client_id: str) -> str:
@@ -205,7 +214,8 @@ class Names:
 
 def result_tag(request_id: str) -> int:
     """Which of the :data:`RESULT_TAGS` cluster hash tags a result record carries: CRC-32
-    of the ID mod 16, like :func:`shard_for`, so any language can compute it."""
+    of the ID mod 16, like :func:`shard_for`, so any language can compute it; the tag's
+    text is ``RESULT_TAG_TEXTS[result_tag(id)]``."""
     return zlib.crc32(request_id.encode()) % RESULT_TAGS
 
 

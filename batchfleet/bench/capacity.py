@@ -104,9 +104,10 @@ def predict_commands(n: int, batches: int, clients: int = 1) -> dict[str, float]
 
     submit, per chunk of C: 1 EVALSHA of the one-trip submit (per request HSETNX, HSET
     gen/body, HSET notify, EXPIRE, XADD: ``connectors.redis_submit``, the results and the
-    streams on one node), 1 admission pipeline (INFO memory + XLEN). write, per batch: 1 EVALSHA (HMGET, HSET, EXPIRE per request;
-    1 PUBLISH per client). ack, per batch: MULTI, XACK, XDEL, EXEC. read: nothing (the
-    announcement carries the bodies). Fetches (XREADGROUP) are bounded separately."""
+    streams on one node), 1 admission pipeline (INFO memory + XLEN). write, per batch:
+    1 EVALSHA (HMGET, HSET, EXPIRE per request; 1 PUBLISH per client). ack, per batch:
+    MULTI, XACK, XDEL, EXEC. read: nothing (the announcement carries the bodies).
+    Fetches (XREADGROUP) are bounded separately."""
     chunks = chunks_of(n, clients)
     return {
         "evalsha": chunks + batches, "hsetnx": n, "hset": 3 * n, "expire": 2 * n,
