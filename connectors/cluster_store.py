@@ -33,6 +33,13 @@ from batchfleet.connectors import result_store as rs
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.result_store import (
+    CANCEL_VIEWS_SCRIPT,
+    COUNT_DELIVERIES_SCRIPT,
+    GET_BODIES_SCRIPT,
+    GET_RECORDS_SCRIPT,
+    PUT_PENDING_SCRIPT,
+    REOPEN_SCRIPT,
+    WITHDRAW_SCRIPT,
     CancelView,
     DeliveryCount,
     Ownership,
@@ -40,6 +47,7 @@ from batchfleet.connectors.result_store import (
     StoredRecord,
     SubmitState,
     TerminalWrite,
+    text_or_none,
 )
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
@@ -108,7 +116,7 @@ class ClusterResultStore(ResultStore):
             if owners is not None else [("", "", "")] * len(records)
         keys = [self._names.result(rid) for rid, _ in records]
         with wrap_errors(ResultStoreError, "cannot record pending requests"):
-            states = await eval_per_slot(self._redis, rs._PUT_PENDING, keys, lambda idx: [
+            states = await eval_per_slot(self._redis, PUT_PENDING_SCRIPT, keys, lambda idx: [
                 self.ttl_s, msgpack.packb([meta[i] for i in idx]),
                 *(records[i][1] for i in idx)])
         return [SubmitState(int(s)) for s in states]
@@ -151,7 +159,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid, _ in counted]
         with wrap_errors(ResultStoreError, "cannot count deliveries"):
-            rows = await eval_per_slot(self._redis, rs._COUNT_DELIVERIES, keys, lambda idx: [
+            rows = await eval_per_slot(self._redis, COUNT_DELIVERIES_SCRIPT, keys, lambda idx: [
                 self.ttl_s, *(counted[i][1] for i in idx)])
         return [DeliveryCount(int(n), int(solo), int(done), int(gen))
                 for n, solo, done, gen in rows]
@@ -172,7 +180,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid, _ in records]
         with wrap_errors(ResultStoreError, "cannot reopen results for replay"):
-            gens = await eval_per_slot(self._redis, rs._REOPEN, keys,
+            gens = await eval_per_slot(self._redis, REOPEN_SCRIPT, keys,
                                        lambda idx: [records[i][1] for i in idx])
         return [int(g) for g in gens]
 
@@ -182,7 +190,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            bodies = await eval_per_slot(self._redis, rs._GET_BODIES, keys,
+            bodies = await eval_per_slot(self._redis, GET_BODIES_SCRIPT, keys,
                                          lambda idx: [int(terminal_only)])
         return [b or None for b in bodies]
 
@@ -192,10 +200,10 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            rows = await eval_per_slot(self._redis, rs._GET_RECORDS, keys,
+            rows = await eval_per_slot(self._redis, GET_RECORDS_SCRIPT, keys,
                                        lambda idx: [int(with_body)])
         return [None if not row else StoredRecord(
-            _str(row[0]), rs._text(row[1]), rs._text(row[2]),
+            _str(row[0]), text_or_none(row[1]), text_or_none(row[2]),
             (row[3] or None) if with_body else None) for row in rows]
 
     async def cancel_views(self, request_ids: Sequence[str]) -> list[CancelView | None]:
@@ -203,9 +211,9 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            rows = await eval_per_slot(self._redis, rs._CANCEL_VIEWS, keys, lambda idx: [])
+            rows = await eval_per_slot(self._redis, CANCEL_VIEWS_SCRIPT, keys, lambda idx: [])
         return [None if not row else CancelView(
-            _str(row[0]), int(row[1] or 0), rs._text(row[2]) or None, row[3] or None)
+            _str(row[0]), int(row[1] or 0), text_or_none(row[2]) or None, row[3] or None)
             for row in rows]
 
     async def withdraw_pending(self, request_ids: Sequence[str]) -> int:
@@ -216,7 +224,7 @@ class ClusterResultStore(ResultStore):
         with wrap_errors(ResultStoreError, "cannot withdraw pending records"):
             pipe = self._redis.pipeline(transaction=False)
             for idx in groups:
-                pipe.eval(rs._WITHDRAW, len(idx), *(keys[i] for i in idx))
+                pipe.eval(WITHDRAW_SCRIPT, len(idx), *(keys[i] for i in idx))
             return sum(int(n) for n in await pipe.execute())
 
     async def missing(self, request_ids: Sequence[str]) -> list[str]:
@@ -240,4 +248,4 @@ def store_for(client: aioredis.Redis, names: Names, ttl_s: int = rs.DEFAULT_TTL_
 
 
 def _str(value: bytes | str | None) -> str:
-    return rs._text(value) or ""
+    return text_or_none(value) or ""
