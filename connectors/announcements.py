@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import msgpack
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.cluster import RedisCluster
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster
@@ -78,6 +79,10 @@ class RedisAnnouncements:
 
     async def subscribe(self, client_id: str) -> RedisSubscription:
         sharded = is_cluster(self._redis)
+        if sharded:  # SSUBSCRIBE finds the channel's node in the slot map, which a new
+            # client fills on its first command: the subscription may be that command
+            with wrap_errors(ResultStoreError, "cannot read the cluster's topology"):
+                await cast(RedisCluster, self._redis).initialize()
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         subscription = RedisSubscription(pubsub, sharded)
         try:

@@ -30,6 +30,13 @@ from batchfleet.connectors import result_store as rs
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.result_store import (
+    CANCEL_VIEWS_SCRIPT,
+    COUNT_DELIVERIES_SCRIPT,
+    GET_BODIES_SCRIPT,
+    GET_RECORDS_SCRIPT,
+    PUT_PENDING_SCRIPT,
+    REOPEN_SCRIPT,
+    WITHDRAW_SCRIPT,
     CancelView,
     DeliveryCount,
     Ownership,
@@ -37,13 +44,14 @@ from batchfleet.connectors.result_store import (
     StoredRecord,
     SubmitState,
     TerminalWrite,
+    text_or_none,
 )
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
 #: The first-wins write of ``result_store._WRITE_TERMINAL`` without what lies outside the
 #: slot: per key 0 (lost) or the record's owner ('' for none) where the write won.
-_WRITE_TERMINAL_SLOT = """
+WRITE_TERMINAL_SLOT_SCRIPT = """
 local ttl = tonumber(ARGV[1])
 local meta = cmsgpack.unpack(ARGV[2])
 local out = {}
@@ -101,7 +109,7 @@ class ClusterResultStore(ResultStore):
             if owners is not None else [("", "", "")] * len(records)
         keys = [self._names.result(rid) for rid, _ in records]
         with wrap_errors(ResultStoreError, "cannot record pending requests"):
-            states = await eval_per_slot(self._redis, rs._PUT_PENDING, keys, lambda idx: [
+            states = await eval_per_slot(self._redis, PUT_PENDING_SCRIPT, keys, lambda idx: [
                 self.ttl_s, msgpack.packb([meta[i] for i in idx]),
                 *(records[i][1] for i in idx)])
         return [SubmitState(int(s)) for s in states]
@@ -114,7 +122,7 @@ class ClusterResultStore(ResultStore):
         keys = [self._names.result(w.request_id) for w in writes]
         with wrap_errors(ResultStoreError, "cannot write results"):
             owners = await eval_per_slot(
-                self._redis, _WRITE_TERMINAL_SLOT, keys, lambda idx: [
+                self._redis, WRITE_TERMINAL_SLOT_SCRIPT, keys, lambda idx: [
                     self.ttl_s, msgpack.packb([(writes[i].status, writes[i].generation)
                                                for i in idx]),
                     *(writes[i].body for i in idx)])
@@ -144,7 +152,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid, _ in counted]
         with wrap_errors(ResultStoreError, "cannot count deliveries"):
-            rows = await eval_per_slot(self._redis, rs._COUNT_DELIVERIES, keys, lambda idx: [
+            rows = await eval_per_slot(self._redis, COUNT_DELIVERIES_SCRIPT, keys, lambda idx: [
                 self.ttl_s, *(counted[i][1] for i in idx)])
         return [DeliveryCount(int(n), int(solo), int(done), int(gen))
                 for n, solo, done, gen in rows]
@@ -165,7 +173,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid, _ in records]
         with wrap_errors(ResultStoreError, "cannot reopen results for replay"):
-            gens = await eval_per_slot(self._redis, rs._REOPEN, keys,
+            gens = await eval_per_slot(self._redis, REOPEN_SCRIPT, keys,
                                        lambda idx: [records[i][1] for i in idx])
         return [int(g) for g in gens]
 
@@ -175,7 +183,7 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            bodies = await eval_per_slot(self._redis, rs._GET_BODIES, keys,
+            bodies = await eval_per_slot(self._redis, GET_BODIES_SCRIPT, keys,
                                          lambda idx: [int(terminal_only)])
         return [b or None for b in bodies]
 
@@ -185,10 +193,10 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            rows = await eval_per_slot(self._redis, rs._GET_RECORDS, keys,
+            rows = await eval_per_slot(self._redis, GET_RECORDS_SCRIPT, keys,
                                        lambda idx: [int(with_body)])
         return [None if not row else StoredRecord(
-            _str(row[0]), rs._text(row[1]), rs._text(row[2]),
+            _str(row[0]), text_or_none(row[1]), text_or_none(row[2]),
             (row[3] or None) if with_body else None) for row in rows]
 
     async def cancel_views(self, request_ids: Sequence[str]) -> list[CancelView | None]:
@@ -196,9 +204,9 @@ class ClusterResultStore(ResultStore):
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            rows = await eval_per_slot(self._redis, rs._CANCEL_VIEWS, keys, lambda idx: [])
+            rows = await eval_per_slot(self._redis, CANCEL_VIEWS_SCRIPT, keys, lambda idx: [])
         return [None if not row else CancelView(
-            _str(row[0]), int(row[1] or 0), rs._text(row[2]) or None, row[3] or None)
+            _str(row[0]), int(row[1] or 0), text_or_none(row[2]) or None, row[3] or None)
             for row in rows]
 
     async def withdraw_pending(self, request_ids: Sequence[str]) -> int:
@@ -209,7 +217,7 @@ class ClusterResultStore(ResultStore):
         with wrap_errors(ResultStoreError, "cannot withdraw pending records"):
             pipe = self._redis.pipeline(transaction=False)
             for idx in groups:
-                pipe.eval(rs._WITHDRAW, len(idx), *(keys[i] for i in idx))
+                pipe.eval(WITHDRAW_SCRIPT, len(idx), *(keys[i] for i in idx))
             return sum(int(n) for n in await pipe.execute())
 
     async def missing(self, request_ids: Sequence[str]) -> list[str]:
@@ -233,4 +241,4 @@ def store_for(client: aioredis.Redis, names: Names, ttl_s: int = rs.DEFAULT_TTL_
 
 
 def _str(value: bytes | str | None) -> str:
-    return rs._text(value) or ""
+    return text_or_none(value) or ""

@@ -39,10 +39,10 @@ from batchfleet.connectors.broker import Delivery, OutboundMessage
 from batchfleet.connectors.cluster_store import slot_groups
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_streams import (
-    _XADD_MANY,
+    XADD_MANY_SCRIPT,
     RedisStreamsConsumer,
     RedisStreamsPublisher,
-    _entries_by_stream,
+    entries_by_stream,
 )
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import lane_loss_field
@@ -54,7 +54,7 @@ EPOCH_CHECK_S = 1.0
 
 log = structlog.get_logger("batchfleet.redis_streams")
 
-_ACK_DEL = """
+ACK_DEL_SCRIPT = """
 redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
 return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
 """
@@ -71,7 +71,7 @@ class ClusterStreamsPublisher(RedisStreamsPublisher):
             args: list[Any] = [self._max_len or 0]
             for i in idx:
                 args += [len(by_stream[streams[i]]), *by_stream[streams[i]]]
-            pipe.eval(_XADD_MANY, len(idx), *(streams[i] for i in idx), *args)
+            pipe.eval(XADD_MANY_SCRIPT, len(idx), *(streams[i] for i in idx), *args)
         with wrap_errors(TransportError, "XADD to Redis failed"):
             await pipe.execute()
 
@@ -120,7 +120,7 @@ class ClusterStreamsConsumer(RedisStreamsConsumer):
         if not deliveries:
             return
         pipe = self._redis.pipeline(transaction=False)
-        for stream, ids in _entries_by_stream(deliveries).items():
-            pipe.eval(_ACK_DEL, 1, stream, self._group, *ids)
+        for stream, ids in entries_by_stream(deliveries).items():
+            pipe.eval(ACK_DEL_SCRIPT, 1, stream, self._group, *ids)
         with wrap_errors(TransportError, "XACK failed"):
             await pipe.execute()

@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 
+from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.schemas.errors import ResultStoreError
@@ -219,10 +220,10 @@ class DeadLetterQueue:
         """Drop a model's whole DLQ; counted and dropped atomically, so a letter added
         meanwhile is either counted and gone or kept."""
         stream = self._names.dead_letter_stream(model)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.xlen(stream)
-        pipe.unlink(stream)
         with wrap_errors(ResultStoreError, "cannot purge the dead-letter queue"):
+            pipe = await transaction(self._redis)
+            pipe.xlen(stream)
+            pipe.unlink(stream)
             size, _ = await pipe.execute()
         return int(size)
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 import redis.asyncio as aioredis
 
+from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import queue_script
 from batchfleet.connectors.result_store import ResultStore
@@ -245,7 +246,7 @@ class RedisModelRegistry:
         """Declare a model ahead of its workers (replacing an earlier declaration)."""
         key = self._names.model(name)
         with wrap_errors(ResultStoreError, f"cannot declare model {name!r}"):
-            pipe = self._redis.pipeline(transaction=True)
+            pipe = await transaction(self._redis)
             pipe.hset(key, F_DECLARED, pack(declaration.to_wire()))
             pipe.hsetnx(key, F_POLICY, pack(RolloutPolicy(DEFAULT_LABEL).to_wire()))
             pipe.hsetnx(key, F_LANE_SHARDS, 1)

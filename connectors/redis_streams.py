@@ -65,7 +65,8 @@ def group_lost(exc: ResponseError) -> bool:
 
 #: XADD a whole chunk in one command: KEYS are the streams, ARGV[1] the MAXLEN (0: none),
 #: then per stream, in KEYS order, a count and that many payloads (field 'p', PAYLOAD_FIELD).
-_XADD_MANY = """
+#: Shared: the cluster publisher (``connectors/cluster_streams.py``) runs it per slot group.
+XADD_MANY_SCRIPT = """
 local maxlen = tonumber(ARGV[1])
 local a = 2
 for _, key in ipairs(KEYS) do
@@ -96,7 +97,7 @@ class RedisStreamsPublisher:
         self._redis = client
         self._names = names
         self._max_len = max_stream_len
-        self._xadd_many = client.register_script(_XADD_MANY)
+        self._xadd_many = client.register_script(XADD_MANY_SCRIPT)
 
     def _by_stream(self, messages: Sequence[OutboundMessage]) -> dict[str, list[bytes]]:
         """Payloads grouped by the stream (lane shard) each message goes to, in order."""
@@ -330,7 +331,7 @@ class RedisStreamsConsumer:
         acked meanwhile is simply not claimed."""
         if not deliveries:
             return
-        by_stream = _entries_by_stream(deliveries)
+        by_stream = entries_by_stream(deliveries)
         pipe = self._redis.pipeline(transaction=False)
         for stream, ids in by_stream.items():
             pipe.xclaim(stream, self._group, self._consumer, 0, ids, justid=True)
@@ -341,7 +342,7 @@ class RedisStreamsConsumer:
         """XACK and XDEL every delivery of a batch in one round trip."""
         if not deliveries:
             return
-        by_stream = _entries_by_stream(deliveries)
+        by_stream = entries_by_stream(deliveries)
         pipe = self._redis.pipeline(transaction=True)  # never acked-but-not-deleted
         for stream, ids in by_stream.items():
             pipe.xack(stream, self._group, *ids)
@@ -408,7 +409,7 @@ def loss_moment(entries: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> int:
     return min(fresh) if fresh else first_ms - LOSS_MARGIN_MS
 
 
-def _entries_by_stream(deliveries: Sequence[Delivery]) -> dict[bytes, list[Any]]:
+def entries_by_stream(deliveries: Sequence[Delivery]) -> dict[bytes, list[Any]]:
     """Entry IDs grouped by stream, so a batch costs one command per stream."""
     by_stream: dict[bytes, list[Any]] = {}
     for d in deliveries:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.dead_letters import Undecodable, UndecodableSink
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.model_registry import RedisModelRegistry
@@ -203,10 +204,10 @@ class RequestControl:
         if not ids or self._lanes is None:
             return
         now = time.time()
-        pipe = self._store.redis.pipeline(transaction=True)
-        pipe.zadd(self._names.cancelled, dict.fromkeys(ids, now))
-        pipe.zremrangebyscore(self._names.cancelled, "-inf", now - CANCEL_SET_KEEP_S)
         with wrap_errors(ResultStoreError, "cannot record cancelled requests"):
+            pipe = await transaction(self._store.redis)
+            pipe.zadd(self._names.cancelled, dict.fromkeys(ids, now))
+            pipe.zremrangebyscore(self._names.cancelled, "-inf", now - CANCEL_SET_KEEP_S)
             await pipe.execute()
 
     async def _held(self, models: Iterable[str], wanted: set[str]) -> set[str]:

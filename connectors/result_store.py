@@ -35,6 +35,9 @@ from batchfleet.schemas.names import Names
 
 DEFAULT_TTL_S = 24 * 3600
 
+# The script texts with public names are shared: the Redis Cluster store
+# (``connectors/cluster_store.py``) runs the same text once per slot group.
+
 #: One record's pending write (a ``SubmitState``), shared with the one-round-trip submit
 #: (``connectors.redis_submit``). ``meta`` is (owner, fingerprint, notify client), '' for
 #: none. A fingerprint (an idempotent gateway submit's model and body) that differs from
@@ -59,7 +62,7 @@ end
 """
 
 #: ARGV[2] packs each key's ``meta``.
-_PUT_PENDING = PUT_PENDING_FN + """
+PUT_PENDING_SCRIPT = PUT_PENDING_FN + """
 local ttl = tonumber(ARGV[1])
 local meta = cmsgpack.unpack(ARGV[2])
 local out = {}
@@ -117,7 +120,7 @@ return out
 """
 
 #: ARGV[i + 1] < 0: only read (a first delivery that needs its generation checked).
-_COUNT_DELIVERIES = """
+COUNT_DELIVERIES_SCRIPT = """
 local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -138,7 +141,7 @@ return out
 """
 
 #: ARGV[1] = '1': return a body only where the status is terminal (else nil).
-_GET_BODIES = """
+GET_BODIES_SCRIPT = """
 local terminal_only = ARGV[1] == '1'
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -150,7 +153,7 @@ return out
 """
 
 #: Per key: {status, owner, fingerprint[, body]}, false for a missing record.
-_GET_RECORDS = """
+GET_RECORDS_SCRIPT = """
 local with_body = ARGV[1] == '1'
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -162,7 +165,7 @@ end
 return out
 """
 
-_REOPEN = """
+REOPEN_SCRIPT = """
 local out = {}
 for i, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'gen')
@@ -180,7 +183,7 @@ return out
 
 
 #: Per key: {status, gen, notify, body}, false for a missing record (what a cancel needs).
-_CANCEL_VIEWS = """
+CANCEL_VIEWS_SCRIPT = """
 local out = {}
 for i, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'gen', 'notify', 'body')
@@ -205,7 +208,7 @@ return 1
 #: Undo a submit whose publish failed: delete records still ``pending`` at generation 0
 #: with no delivery counted, so a retry (same ID) starts afresh instead of finding a
 #: record that no message will ever answer.
-_WITHDRAW = """
+WITHDRAW_SCRIPT = """
 local n = 0
 for _, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'gen', 'deliveries')
@@ -293,15 +296,15 @@ class ResultStore:
         self._redis = client
         self._names = names
         self.ttl_s = ttl_s
-        self._put_pending = client.register_script(_PUT_PENDING)
+        self._put_pending = client.register_script(PUT_PENDING_SCRIPT)
         self._write_terminal = client.register_script(_WRITE_TERMINAL)
-        self._count_deliveries = client.register_script(_COUNT_DELIVERIES)
-        self._reopen = client.register_script(_REOPEN)
-        self._get_bodies = client.register_script(_GET_BODIES)
+        self._count_deliveries = client.register_script(COUNT_DELIVERIES_SCRIPT)
+        self._reopen = client.register_script(REOPEN_SCRIPT)
+        self._get_bodies = client.register_script(GET_BODIES_SCRIPT)
         self._mark_losses = client.register_script(_MARK_LANE_LOSSES)
-        self._withdraw = client.register_script(_WITHDRAW)
-        self._get_records = client.register_script(_GET_RECORDS)
-        self._cancel_views = client.register_script(_CANCEL_VIEWS)
+        self._withdraw = client.register_script(WITHDRAW_SCRIPT)
+        self._get_records = client.register_script(GET_RECORDS_SCRIPT)
+        self._cancel_views = client.register_script(CANCEL_VIEWS_SCRIPT)
         self._inflight_prefix = names.inflight_prefix
 
     @property
@@ -424,7 +427,7 @@ class ResultStore:
         with wrap_errors(ResultStoreError, "cannot read results"):
             rows = await self._get_records(keys=keys, args=[int(with_body)])
         return [None if not row else StoredRecord(
-            _text(row[0]) or "", _text(row[1]), _text(row[2]),
+            text_or_none(row[0]) or "", text_or_none(row[1]), text_or_none(row[2]),
             (row[3] or None) if with_body else None) for row in rows]
 
     async def cancel_views(self, request_ids: Sequence[str]) -> list[CancelView | None]:
@@ -437,11 +440,12 @@ class ResultStore:
         with wrap_errors(ResultStoreError, "cannot read results"):
             rows = await self._cancel_views(keys=keys)
         return [None if not row else CancelView(
-            _text(row[0]) or "", int(row[1] or 0), _text(row[2]) or None, row[3] or None)
+            text_or_none(row[0]) or "", int(row[1] or 0), text_or_none(row[2]) or None,
+            row[3] or None)
             for row in rows]
 
     async def withdraw_pending(self, request_ids: Sequence[str]) -> int:
-        """Delete the ``pending`` records a failed submit just created (see ``_WITHDRAW``)."""
+        """Delete the ``pending`` records a failed submit just created (see ``WITHDRAW_SCRIPT``)."""
         if not request_ids:
             return 0
         with wrap_errors(ResultStoreError, "cannot withdraw pending records"):
@@ -498,5 +502,5 @@ class ResultStore:
             await self._redis.aclose()
 
 
-def _text(value: bytes | str | None) -> str | None:
+def text_or_none(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value

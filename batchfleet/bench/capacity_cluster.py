@@ -48,10 +48,10 @@ from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.names import LANE_INTERACTIVE, RESULT_TAGS, Names, result_tag
 
 #: Script texts as they go over the wire with each ``EVAL``.
-PUT_PENDING_BYTES = len(result_store._PUT_PENDING)
-WRITE_BYTES = len(cluster_store._WRITE_TERMINAL_SLOT)
-XADD_BYTES = len(redis_streams._XADD_MANY)
-ACK_BYTES = len(cluster_streams._ACK_DEL)
+PUT_PENDING_BYTES = len(result_store.PUT_PENDING_SCRIPT)
+WRITE_BYTES = len(cluster_store.WRITE_TERMINAL_SLOT_SCRIPT)
+XADD_BYTES = len(redis_streams.XADD_MANY_SCRIPT)
+ACK_BYTES = len(cluster_streams.ACK_DEL_SCRIPT)
 #: Commands the request paths no longer use on a cluster (predicted 0).
 GONE = ("evalsha", "publish", "multi", "exec")
 
