@@ -6,10 +6,11 @@ once is split:
 
 * publish: the ``XADD`` script once per slot group, all in one pipeline (one round
   trip per node);
-* read: one ``XREADGROUP`` per slot group, concurrently. A blocking read on one
-  node cannot wake on another node's entries, so while several groups are read the
-  block is capped at :data:`CLUSTER_BLOCK_MS`: an idle worker polls each node that
-  often, and a request waits at most that long for its read to return;
+* read: one ``XREADGROUP`` per slot group, concurrently, without blocking first; only
+  when every group is empty, again with a block. A blocking read on one node cannot
+  wake on another node's entries, so while several groups are read the block is capped
+  at :data:`CLUSTER_BLOCK_MS`: an idle worker polls each node that often, and a request
+  arriving at an idle worker waits at most that long for its read to return;
 * ack: ``XACK`` + ``XDEL`` of one stream in one script call (atomic, like the
   single-node ``MULTI``), the streams of a batch in one pipeline.
 
@@ -103,12 +104,26 @@ class ClusterStreamsConsumer(RedisStreamsConsumer):
                         "acked but never replicated are lost; waiters of requests still "
                         "pending from before now are told so", epoch=epoch, lanes=lanes)
         self._epoch = epoch if self._epoch is None else max(self._epoch, epoch)
+
     async def _read(self, streams: dict[Any, Any], count: int, block_ms: int | None) -> Any:
+        """Several slot groups are read without blocking first, and only when all of them
+        are empty with a (capped) block: otherwise a busy stream's entries would wait for
+        every empty stream's block to run out, which capped a worker at about 50 fetches a
+        second."""
         keys = list(streams)
         groups = list(slot_groups([k.decode() if isinstance(k, bytes) else k
                                    for k in keys]).values())
-        if len(groups) > 1 and block_ms is not None:
-            block_ms = min(block_ms, CLUSTER_BLOCK_MS)
+        if len(groups) == 1:
+            return await self._read_groups(keys, streams, groups, count, block_ms)
+        found = await self._read_groups(keys, streams, groups, count, None)
+        if found or block_ms is None:
+            return found
+        return await self._read_groups(keys, streams, groups, count,
+                                       min(block_ms, CLUSTER_BLOCK_MS))
+
+    async def _read_groups(self, keys: list[Any], streams: dict[Any, Any],
+                           groups: list[list[int]], count: int, block_ms: int | None
+                           ) -> list[Any]:
         replies = await asyncio.gather(*(
             self._redis.xreadgroup(self._group, self._consumer,
                                    {keys[i]: streams[keys[i]] for i in idx},
