@@ -96,7 +96,7 @@ class Sender:
         ids = [o.request_id for o in chunk]
         # Expected before the script runs, as on the two-call path; those it did not
         # create are someone else's to announce, and are forgotten again.
-        self._waiter.expect(ids)
+        added = self._waiter.expect(ids)
         shards = self._shards
         try:
             states = await one_trip.submit(
@@ -105,12 +105,12 @@ class Sender:
                                  o.traceparent, shards.get(o.template.model, 1))
                  for o in chunk])
         except TransportError as exc:
-            self._waiter.unexpect(ids)
+            self._waiter.unexpect(added)
             raise_if_full(exc)
             raise
         new = SubmitState.NEW
         self._waiter.unexpect([rid for rid, state in zip(ids, states, strict=True)
-                               if state != new])
+                               if state != new and rid in added])
 
 
 def raise_if_full(exc: BatchfleetError) -> None:

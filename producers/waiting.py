@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
@@ -116,19 +116,26 @@ class ResultWaiter:
                 sink.cancel()
         self._waiters.clear()
 
-    def expect(self, request_ids: Sequence[str]) -> None:
-        """Note IDs this client submitted as new: their announcement will come here."""
-        expected, waiters = self._expected, self._waiters
+    def expect(self, request_ids: Sequence[str]) -> set[str]:
+        """Note IDs this client submitted as new: their announcement will come here.
+        Returns those it was not already expecting (what :meth:`unexpect` may undo); an
+        ID already expected, or whose result already arrived, is left as it is."""
+        expected, waiters, quiet = self._expected, self._waiters, self._quiet
+        added: set[str] = set()
         for rid in request_ids:
             if rid in waiters:  # already awaited (registered before it was submitted)
-                self._quiet.add(rid)
-            else:
+                if rid not in quiet:
+                    quiet.add(rid)
+                    added.add(rid)
+            elif rid not in expected:
                 expected[rid] = None
+                added.add(rid)
         self._trim()
+        return added
 
-    def unexpect(self, request_ids: Sequence[str]) -> None:
-        """Undo :meth:`expect` for IDs whose submit created nothing (a duplicate, a
-        failure): their announcement, if any, goes to another client."""
+    def unexpect(self, request_ids: Iterable[str]) -> None:
+        """Undo :meth:`expect` for IDs (from its return value) whose submit created
+        nothing (a duplicate, a failure): their announcement goes to another client."""
         expected, quiet = self._expected, self._quiet
         for rid in request_ids:
             if rid in expected and expected[rid] is None:

@@ -126,3 +126,27 @@ async def test_pending_request_on_a_lost_lane_ends_and_others_finish(redis_url: 
     finally:
         await waiter.close()
         await store.close()
+
+
+async def test_expect_keeps_an_arrived_result_and_unexpect_undoes_only_its_own(
+        redis_url: str) -> None:
+    """The one-trip submit expects IDs before it knows they are new, then undoes what it
+    added for those that were not: an announced body is kept, an earlier expectation too."""
+    store = open_result_store(redis_url, NAMES)
+    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    try:
+        await waiter.start()
+        await store.put_pending([(rid, b"p") for rid in ("done", "mine")])
+        assert waiter.expect(["done", "mine"]) == {"done", "mine"}
+        await store.write_terminal([_done("done")])
+        await asyncio.sleep(0.2)  # the announcement is held for a later wait
+        # a duplicate submit of both: nothing new to expect, and undoing it changes nothing
+        added = waiter.expect(["done", "mine", "other"])
+        assert added == {"other"}
+        waiter.unexpect(added)
+        assert set(waiter._expected) == {"done", "mine"}
+        [result] = await waiter.wait_many(["done"], timeout=5)
+        assert result.status == "succeeded" and waiter.body_reads == 0  # the held body
+    finally:
+        await waiter.close()
+        await store.close()
