@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import Declaration, ModelVersion, TensorSpec
 from batchfleet.workers.middleware.cancels import CancelledDrop
 from tests.support.bulk_main import mlp_inputs, mlp_reference, read_jsonl, write_jsonl
+from tests.support.cli import run_cli
 from tests.support.gateway_main import live_gateway
 from tests.support.models import Switchable, switchable
 from tests.support.transports import Fleet
@@ -39,15 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 X = [0.25] * 10
 TOL = {"rtol": 1e-5, "atol": 1e-6}
-
-
-async def _cli(*args: str) -> tuple[int, str, str]:
-    """``batchfleet ARGS`` in a child process, while this loop keeps a worker running."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "batchfleet", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 def _at(fleet: Fleet) -> tuple[str, ...]:
@@ -136,7 +127,7 @@ async def test_bulk_run_and_status_on_a_cluster(cluster_fleet: Fleet, tmp_path: 
     write_jsonl(tmp_path / "in.jsonl", x)
     out_path = tmp_path / "out.jsonl"
     async with cluster_fleet.worker(webhooks=False, max_batch_size=64):
-        code, out, err = await _cli("bulk", "run", "-m", "demo-mlp",
+        code, out, err = await run_cli("bulk", "run", "-m", "demo-mlp",
                                     "-i", str(tmp_path / "in.jsonl"), "-o", str(out_path),
                                     "--job-id", job, *_at(cluster_fleet), "--json")
     assert code == 0, err
@@ -146,12 +137,12 @@ async def test_bulk_run_and_status_on_a_cluster(cluster_fleet: Fleet, tmp_path: 
     assert [r["custom_id"] for r in rows] == [f"c{i}" for i in range(n)]
     np.testing.assert_allclose(np.array([r["outputs"] for r in rows], np.float32),
                                mlp_reference(x), **TOL)
-    code, out, err = await _cli("bulk", "status", job, *_at(cluster_fleet), "--json")
+    code, out, err = await run_cli("bulk", "status", job, *_at(cluster_fleet), "--json")
     assert code == 0, err
     status = json.loads(out)
     assert (status["job_id"], status["status"], status["rows_done"], status["failed"]) == (
         job, "finished", n, 0)
-    code, out, err = await _cli("bulk", "list", *_at(cluster_fleet), "--json")
+    code, out, err = await run_cli("bulk", "list", *_at(cluster_fleet), "--json")
     assert code == 0, err
     assert [j["job_id"] for j in json.loads(out)] == [job]
 
@@ -166,7 +157,7 @@ async def test_cancel_on_a_cluster_drops_requests_unrun(cluster_fleet: Fleet) ->
         assert (report.outcome, report.status) == ("cancelled", "cancelled")
         # announced over sharded pub/sub: the waiter ends at once
         assert (await asyncio.wait_for(waiting, 5)).status == "cancelled"
-        code, out, _ = await _cli("cancel", by_cli, "nope-1", *_at(cluster_fleet))
+        code, out, _ = await run_cli("cancel", by_cli, "nope-1", *_at(cluster_fleet))
         assert code == 4 and f"{by_cli}: cancelled" in out and "nope-1: unknown" in out
         assert (await client.cancel(by_cli)).outcome == "already_finished"
         async with cluster_fleet.worker(webhooks=False) as worker:
@@ -210,7 +201,7 @@ async def test_lane_purge_over_shards_on_several_primaries(cluster_fleet: Fleet)
             assert sum(lengths) == 400 and all(lengths)
             waiting = asyncio.create_task(client.wait_many(ids, timeout=60))
             await redis.xadd(shards[2], {b"p": b"\xc1 not msgpack"})
-            code, out, err = await _cli("lane", "purge", "demo-mlp", "--lane", "bulk",
+            code, out, err = await run_cli("lane", "purge", "demo-mlp", "--lane", "bulk",
                                         "--yes", "--json", *_at(cluster_fleet))
             assert code == 0, err
             (purged,) = [json.loads(line) for line in out.splitlines()]
@@ -235,7 +226,7 @@ async def test_rollout_canary_promote_and_rollback_on_a_cluster(cluster_fleet: F
         await registry.close()
 
     async def rollout(*args: str) -> Any:
-        code, out, err = await _cli("rollout", *args, *_at(cluster_fleet), "--json")
+        code, out, err = await run_cli("rollout", *args, *_at(cluster_fleet), "--json")
         assert code == 0, err
         return json.loads(out)
 
@@ -283,7 +274,7 @@ async def test_status_on_a_cluster_with_a_worker_and_without(cluster_fleet: Flee
         snap: dict[str, Any] = {}
 
         async def counted() -> bool:  # the next heartbeat carries the counters
-            code, out, err = await _cli("status", *_at(cluster_fleet), "--json")
+            code, out, err = await run_cli("status", *_at(cluster_fleet), "--json")
             assert code == 0, err
             snap.update(json.loads(out))
             workers = snap["workers"]
@@ -299,7 +290,7 @@ async def test_status_on_a_cluster_with_a_worker_and_without(cluster_fleet: Flee
     # the worker is gone (its heartbeat with it); requests wait on the lane
     async with cluster_fleet.client() as client:
         await client.submit_many("switch", np.zeros((7, 10), np.float32))
-    code, out, err = await _cli("status", *_at(cluster_fleet), "--json")
+    code, out, err = await run_cli("status", *_at(cluster_fleet), "--json")
     assert code == 0, err
     after = json.loads(out)
     lane = next(x for x in after["lanes"] if (x["model"], x["lane"]) == ("switch",

@@ -8,9 +8,7 @@ advice that fits the interface it is shown in.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import time
 
 import httpx
@@ -24,6 +22,7 @@ from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 from batchfleet.schemas.registry import Declaration, TensorSpec
 from tests.e2e.test_gateway import AUTH
 from tests.e2e.test_gateway import settings as gateway_settings
+from tests.support.cli import run_cli
 from tests.support.fleet import running_worker
 from tests.support.gateway_main import live_gateway
 
@@ -32,25 +31,17 @@ NS = "decl"
 ROW = [0.5] * 10
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "batchfleet", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode or 0, out.decode(), err.decode()
-
-
 def _at(redis_url: str) -> tuple[str, ...]:
     return ("--broker", redis_url, "--namespace", NS)
 
 
 async def test_declared_model_takes_submits_before_any_worker(redis_url: str) -> None:
-    code, out, err = await _cli("models", "declare", "fraud", "--input", "float32[10]",
+    code, out, err = await run_cli("models", "declare", "fraud", "--input", "float32[10]",
                                 "--output", "float32[1]", *_at(redis_url))
     assert code == 0 and "declared fraud (float32[10])" in out, err
     async with AsyncClient(redis_url, namespace=NS) as client:
         sdk_id = await client.submit("fraud", ROW)
-        code, out, err = await _cli("submit", "-m", "fraud", "--inputs", json.dumps(ROW),
+        code, out, err = await run_cli("submit", "-m", "fraud", "--inputs", json.dumps(ROW),
                                     "--json", *_at(redis_url))
         assert code == 0, err
         cli_id = json.loads(out)["request_id"]
@@ -69,7 +60,7 @@ async def test_declared_model_takes_submits_before_any_worker(redis_url: str) ->
 
 
 async def test_a_declared_spec_refuses_a_wrong_shape_at_submit(redis_url: str) -> None:
-    code, _, err = await _cli("models", "declare", "fraud", "--input", "float32[10]",
+    code, _, err = await run_cli("models", "declare", "fraud", "--input", "float32[10]",
                               *_at(redis_url))
     assert code == 0, err
     async with AsyncClient(redis_url, namespace=NS) as client:
@@ -77,7 +68,7 @@ async def test_a_declared_spec_refuses_a_wrong_shape_at_submit(redis_url: str) -
             await client.submit("fraud", [0.5] * 9)
         with pytest.raises(ValidationError, match="wrong dtype: expected float32, got int64"):
             await client.submit_many("fraud", [[1] * 10])
-    code, _, err = await _cli("submit", "-m", "fraud", "--inputs", json.dumps([0.5] * 3),
+    code, _, err = await run_cli("submit", "-m", "fraud", "--inputs", json.dumps([0.5] * 3),
                               *_at(redis_url))
     assert code == 1 and "wrong shape: expected float32[10]" in err
     with live_gateway(gateway_settings(redis_url, namespace=NS)) as base:
@@ -96,11 +87,11 @@ async def test_a_declared_spec_refuses_a_wrong_shape_at_submit(redis_url: str) -
 async def test_models_list_show_and_undeclare_of_a_served_model(redis_url: str) -> None:
     registry = open_model_registry(redis_url, Names(NS))
     async with running_worker(redis_url, namespace=NS, models=("demo-mlp",)) as worker:
-        code, _, err = await _cli("models", "declare", "demo-mlp", "--input", "float32[10]",
+        code, _, err = await run_cli("models", "declare", "demo-mlp", "--input", "float32[10]",
                                   *_at(redis_url))
         assert code == 0, err
         await registry.declare("later", Declaration(time.time(), TensorSpec.parse("int64[4]")))
-        code, out, err = await _cli("models", "list", "--json", *_at(redis_url))
+        code, out, err = await run_cli("models", "list", "--json", *_at(redis_url))
         assert code == 0, err
         listed = {m["name"]: m for m in json.loads(out)}
         assert set(listed) == {"demo-mlp", "later"}
@@ -114,15 +105,15 @@ async def test_models_list_show_and_undeclare_of_a_served_model(redis_url: str) 
         assert served["lane_shards"] == 1
         assert listed["later"]["served"] == [] and listed["later"]["versions"] == {}
         assert listed["later"]["declared"]["input"] == {"dtype": "int64", "shape": [4]}
-        code, out, _ = await _cli("models", "undeclare", "demo-mlp", *_at(redis_url))
+        code, out, _ = await run_cli("models", "undeclare", "demo-mlp", *_at(redis_url))
         assert code == 0 and "stays listed" in out
-        code, out, _ = await _cli("models", "show", "demo-mlp", "--json", *_at(redis_url))
+        code, out, _ = await run_cli("models", "show", "demo-mlp", "--json", *_at(redis_url))
         shown = json.loads(out)
         assert shown["declared"] is None and shown["served"][0]["live"] is True
-        code, out, _ = await _cli("models", "undeclare", "later", *_at(redis_url))
+        code, out, _ = await run_cli("models", "undeclare", "later", *_at(redis_url))
         assert code == 0 and "removed later" in out
         assert await registry.names() == {"demo-mlp"}
-        code, _, err = await _cli("models", "show", "later", *_at(redis_url))
+        code, _, err = await run_cli("models", "show", "later", *_at(redis_url))
         assert code == 1 and "batchfleet models declare later --input" in err
     await registry.close()
 
@@ -133,7 +124,7 @@ async def test_unknown_model_advice_fits_each_interface(redis_url: str) -> None:
             await client.submit("nope", ROW)
     assert "check_model=False" in str(sdk.value)
     assert "batchfleet models declare nope --input" in str(sdk.value)
-    code, _, err = await _cli("submit", "-m", "nope", "--inputs", json.dumps(ROW),
+    code, _, err = await run_cli("submit", "-m", "nope", "--inputs", json.dumps(ROW),
                               *_at(redis_url))
     assert code == 1 and "batchfleet models declare nope --input" in err
     assert "check_model" not in err
