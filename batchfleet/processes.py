@@ -52,6 +52,9 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
+        """Start the worker process (once: a second start would leak the first)."""
+        if self.proc is not None:
+            raise ConfigError(f"worker {self.worker_id} was already started")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
                                          env=self.env)
@@ -102,7 +105,8 @@ class WorkerProcess:
             self.proc.wait()
 
     def __enter__(self) -> WorkerProcess:
-        return self.start()
+        """Starts the worker unless ``start()`` already did; stops it on exit."""
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
