@@ -12,9 +12,10 @@ What a cluster changes (``connectors/cluster_store.py``, ``cluster_streams.py``,
   second pipelined step sends one ``SPUBLISH`` per client channel, bodies included:
   the bodies go into Redis as well as out of it;
 * the ack is one script per stream (``XACK`` + ``XDEL`` inside), with no MULTI/EXEC;
-* a fetch is one ``XREADGROUP`` per slot group of the streams read, each blocking at
-  most 20 ms. A demo-mlp worker reads four streams (both lanes of ``demo-mlp`` and of
-  its version lane ``demo-mlp@default``), each with its own tag: four calls;
+* a fetch is one ``XREADGROUP`` per slot group of the streams read, first without
+  blocking and, only when all are empty, again blocking at most 20 ms. A demo-mlp
+  worker reads four streams (both lanes of ``demo-mlp`` and of its version lane
+  ``demo-mlp@default``), each with its own tag: four calls, or eight when idle;
 * admission reads ``INFO memory`` from every primary, after a pipelined ``XLEN``.
 
 The prediction is exact, not an expected value. The run knows every request ID, and so
@@ -136,9 +137,10 @@ def fetch_bounds(layout: Layout, n: int, batches: int, max_batch_size: int,
                  elapsed_s: float, prefetch_batches: int = 2) -> dict[str, tuple[int, int]]:
     """``XREADGROUP`` per primary: each fetch reads every stream, one call per slot
     group. At least one fetch per ``prefetch x max_batch_size`` entries; at most one per
-    batch plus one per 20 ms (the capped block of the empty lanes)."""
+    batch plus, while idle, two per 20 ms (a read without blocking, then the capped
+    block)."""
     low = math.ceil(n / (prefetch_batches * max_batch_size))
-    high = batches + math.ceil(elapsed_s * 1000 / cluster_streams.CLUSTER_BLOCK_MS) + 1
+    high = batches + 2 * (math.ceil(elapsed_s * 1000 / cluster_streams.CLUSTER_BLOCK_MS) + 1)
     out: dict[str, tuple[int, int]] = {p: (0, 0) for p in layout.primaries}
     for node in Counter(node for _, node in layout.reads).elements():
         lo, hi = out[node]
