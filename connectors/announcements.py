@@ -19,7 +19,7 @@ import structlog
 from redis.asyncio.cluster import RedisCluster
 
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.redis_client import is_cluster
+from batchfleet.connectors.redis_client import is_cluster, refresh_topology
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -90,8 +90,13 @@ class RedisAnnouncements:
                 channel = self._names.notify_channel(client_id)
                 # on a cluster: sharded pub/sub (SSUBSCRIBE), served by the channel's primary
                 await (pubsub.ssubscribe(channel) if sharded else pubsub.subscribe(channel))
-        except BaseException:
+        except BaseException as exc:
             await subscription.close()
+            if sharded and isinstance(exc, ResultStoreError):
+                # The channel's primary may have failed over. Nothing else re-reads the slot
+                # map of a client that only waits, so every retry would dial the dead node:
+                # re-read it now, and the next attempt finds the promoted replica.
+                await refresh_topology(cast(RedisCluster, self._redis))
             raise
         return subscription
 

@@ -27,7 +27,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError
 
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -93,6 +93,13 @@ class FleetPipeline(ClusterPipeline):
         except RedisCluster.ERRORS_ALLOW_RETRY:
             await refresh_topology(self.cluster_client)
             raise
+        except AttributeError as exc:
+            # redis-py 8.1 still closes every node's connections on some cluster errors
+            # (CLUSTERDOWN, an uncovered slot); a pipeline caught mid-send then meets a
+            # connection whose writer is gone. That is a lost connection: say so, so the
+            # caller's retry (which knows ConnectionError, not AttributeError) runs.
+            await refresh_topology(self.cluster_client)
+            raise ConnectionError(f"connection closed under a pipeline: {exc}") from exc
         if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
             await refresh_topology(self.cluster_client)  # raise_on_error=False
         return replies

@@ -57,6 +57,14 @@ SHARD_REFRESH_S = 5.0
 log = structlog.get_logger("batchfleet.redis_streams")
 
 
+def _clock(reply: Any) -> tuple[int, int]:
+    """``TIME``'s (seconds, microseconds); a cluster client may answer per node."""
+    if isinstance(reply, dict):
+        reply = next(iter(reply.values()))
+    secs, micros = reply
+    return int(secs), int(micros)
+
+
 def group_lost(exc: ResponseError) -> bool:
     """The group or its stream is gone: Redis lost its data, or the key was deleted."""
     text = str(exc)
@@ -262,14 +270,19 @@ class RedisStreamsConsumer:
         in :attr:`lane_losses`.
         One warning per recovery, not one per failed read."""
         recreated: list[str] = []
+        cluster = is_cluster(self._redis)
         for stream, (model, lane) in self._streams.items():
-            # one transaction per lane; on a cluster TIME has no slot, so no MULTI there
-            pipe = self._redis.pipeline(transaction=not is_cluster(self._redis))
+            # One transaction per lane. On a cluster, TIME has no slot and a cluster
+            # pipeline refuses it, so there the clock is a call of its own.
+            pipe = self._redis.pipeline(transaction=not cluster)
             pipe.xgroup_create(stream, self._group, id="0", mkstream=True)
             pipe.xrange(stream, count=_LOSS_PEEK)
-            pipe.time()
+            if not cluster:
+                pipe.time()
             try:
-                created, first, (secs, micros) = await pipe.execute(raise_on_error=False)
+                replies = await pipe.execute(raise_on_error=False)
+                created, first = replies[0], replies[1]
+                secs, micros = replies[2] if not cluster else _clock(await self._redis.time())
             except RedisError as exc:
                 raise TransportError(f"cannot recreate group on {stream!r}: {exc}") from exc
             if isinstance(created, ResponseError):

@@ -62,6 +62,12 @@ async def test_a_killed_worker_on_a_cluster_leaves_every_request_answered_once(
             orphans = await pending_of(victim.worker_id)
             results = await client.wait_many(ids, timeout=120)
             stored = [await client.get(rid) for rid in ids[::97]]
+
+            # Every result may be in before the survivor reclaims the last orphans: those
+            # the victim wrote but never acked. Wait (liveness bound) for their claim+ack.
+            async def reclaimed() -> bool:
+                return await pending_of(victim.worker_id) == 0
+            await _until(reclaimed, 30)
             left = await pending_of(victim.worker_id)
         assert survivor.alive, survivor.log_tail()
     finally:

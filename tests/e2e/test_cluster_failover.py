@@ -9,18 +9,35 @@ primary acked but had not yet sent to its replica are gone (docs/cluster.md).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
-from batchfleet.schemas.errors import BatchfleetError, RequestLostError
+from batchfleet.producers import AsyncClient, Result
+from batchfleet.schemas.errors import BatchfleetError, RequestLostError, ResultStoreError
 from batchfleet.schemas.names import Names
+from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+from tests.support.models import SlowMLP
 from tests.support.redis_cluster import RedisClusterServers
 from tests.support.transports import make_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 
 N, CHUNK = 2000, 50
+
+
+async def _get_retrying(client: AsyncClient, rid: str, within_s: float = 20.0) -> Result | None:
+    """``get`` is one call with no retry of its own: a read that meets a connection the
+    failover closed says so once (``ResultStoreError``), and the caller tries again."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await client.get(rid)
+        except ResultStoreError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_lost(
@@ -61,7 +78,7 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
         # 50 reads at a time: each holds a connection, and a cluster node's pool (100)
         # refuses more at once rather than wait (MaxConnectionsError)
         stored = [r for start in range(0, N, 50) for r in await asyncio.gather(
-            *(client.get(rid) for rid in ids[start:start + 50]))]
+            *(_get_retrying(client, rid) for rid in ids[start:start + 50]))]
         # every stored result is this worker's; a result write retried across the
         # failover may find its own first attempt there and count it as a duplicate
         assert worker.stats.succeeded + worker.stats.duplicates >= len(results)
@@ -77,3 +94,30 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
     assert len(lost) < N // 4, (len(lost), refused)
     print(f"failover: {N} requests, {len(finished)} answered, {len(lost)} reported lost, "
           f"{refused} submits refused and retried during the election")
+
+
+async def test_a_waiting_client_resubscribes_after_its_channels_primary_fails_over(
+        fresh_redis_cluster: RedisClusterServers) -> None:
+    """A client that only waits issues no other command that would re-read the slot map:
+    when the primary serving its channel dies, its resubscription must find the promoted
+    replica itself (it once dialled the dead node for ever, and no wait ended)."""
+    fleet = make_fleet("redis", fresh_redis_cluster.url, None)
+    names = Names(fleet.namespace, cluster=True)
+    slow = TorchModuleHandler("slow", SlowMLP(), input_spec=TensorSpec("float32", (10,)))
+    x = np.random.default_rng(9).random((400, 10), dtype=np.float32)  # ~1 s of work
+    async with fleet.worker(webhooks=False, handlers={"slow": slow}, max_batch_size=8), \
+            fleet.client() as client:
+        victim = fresh_redis_cluster.primary_of(names.notify_channel(client.client_id))
+        ids = await client.submit_many("slow", x)
+        await asyncio.to_thread(fresh_redis_cluster.kill, victim)  # announcements still due
+        await asyncio.to_thread(fresh_redis_cluster.wait_promoted, victim)
+        lost: list[str] = []
+        try:
+            results = await client.wait_many(ids, timeout=60)
+        except RequestLostError as exc:
+            lost = exc.request_ids
+            results = [r for r in (exc.results or []) if r is not None]
+    # every wait ended: answered (each once) or reported lost, none left hanging
+    assert len({r.request_id for r in results}) == len(results)
+    assert {r.request_id for r in results} | set(lost) == set(ids)
+    assert all(r.status == "succeeded" for r in results)
