@@ -71,13 +71,10 @@ class Sender:
         # before publishing, so that even the quickest announcement finds them expected
         self._waiter.expect([o.request_id for o, state in zip(chunk, states, strict=True)
                              if state == new])
-        shards = self._shards
         try:
             await self._publisher.publish([
-                OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
-                                o.traceparent, shards.get(o.template.model, 1))
-                for o, state in zip(chunk, states, strict=True) if state in _PUBLISHED
-            ])
+                self._message(o) for o, state in zip(chunk, states, strict=True)
+                if state in _PUBLISHED])
         except TransportError as exc:
             # Nothing was queued for the records this call created: withdraw them, so a
             # retry with the same ID (an idempotent resubmit) publishes instead of finding
@@ -92,18 +89,19 @@ class Sender:
             raise_if_full(exc)
             raise
 
+    def _message(self, o: Outgoing) -> OutboundMessage:
+        return OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
+                               o.traceparent, self._shards.get(o.template.model, 1))
+
     async def _send_one_trip(self, one_trip: OneTripSubmit, chunk: list[Outgoing]) -> None:
         ids = [o.request_id for o in chunk]
         # Expected before the script runs, as on the two-call path; those it did not
         # create are someone else's to announce, and are forgotten again.
         added = self._waiter.expect(ids)
-        shards = self._shards
         try:
             states = await one_trip.submit(
                 [(o.request_id, o.pending) for o in chunk], [o.ownership for o in chunk],
-                [OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
-                                 o.traceparent, shards.get(o.template.model, 1))
-                 for o in chunk])
+                [self._message(o) for o in chunk])
         except TransportError as exc:
             self._waiter.unexpect(added)
             raise_if_full(exc)

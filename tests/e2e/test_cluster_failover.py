@@ -27,6 +27,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.slow]
 N, CHUNK = 2000, 50
 
 
+async def _answered_or_lost(client: AsyncClient, ids: list[str], timeout_s: float
+                            ) -> tuple[list[Result], list[str]]:
+    """Wait for every ID: the results that came, and the IDs reported lost."""
+    try:
+        return await client.wait_many(ids, timeout=timeout_s), []
+    except RequestLostError as exc:
+        return [r for r in (exc.results or []) if r is not None], exc.request_ids
+
+
 async def _get_retrying(client: AsyncClient, rid: str, within_s: float = 20.0) -> Result | None:
     """``get`` is one call with no retry of its own: a read that meets a connection the
     failover closed says so once (``ResultStoreError``), and the caller tries again."""
@@ -69,12 +78,7 @@ async def test_a_killed_primary_fails_over_and_every_request_ends_once_or_is_los
         await asyncio.to_thread(fresh_redis_cluster.kill, victim)
         refused = await submitting
         await asyncio.to_thread(fresh_redis_cluster.wait_promoted, victim)
-        lost: list[str] = []
-        try:
-            results = await client.wait_many(ids, timeout=30)
-        except RequestLostError as exc:
-            lost = exc.request_ids
-            results = [r for r in (exc.results or []) if r is not None]
+        results, lost = await _answered_or_lost(client, ids, 30)
         # 50 reads at a time: each holds a connection, and a cluster node's pool (100)
         # refuses more at once rather than wait (MaxConnectionsError)
         stored = [r for start in range(0, N, 50) for r in await asyncio.gather(
@@ -111,12 +115,7 @@ async def test_a_waiting_client_resubscribes_after_its_channels_primary_fails_ov
         ids = await client.submit_many("slow", x)
         await asyncio.to_thread(fresh_redis_cluster.kill, victim)  # announcements still due
         await asyncio.to_thread(fresh_redis_cluster.wait_promoted, victim)
-        lost: list[str] = []
-        try:
-            results = await client.wait_many(ids, timeout=60)
-        except RequestLostError as exc:
-            lost = exc.request_ids
-            results = [r for r in (exc.results or []) if r is not None]
+        results, lost = await _answered_or_lost(client, ids, 60)
     # every wait ended: answered (each once) or reported lost, none left hanging
     assert len({r.request_id for r in results}) == len(results)
     assert {r.request_id for r in results} | set(lost) == set(ids)
