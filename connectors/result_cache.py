@@ -4,7 +4,9 @@ A **key** (:func:`cache_key`) is a blake2b-128 digest of the model name, the ful
 ``model_version`` (``label/sha256:…[/runtime-precision]``: weights, runtime and
 precision) and every input tensor's name, dtype, shape and bytes, each field
 length-prefixed so no two inputs hash the same bytes. A new version, precision or
-runtime is a new key: an entry is never read across versions.
+runtime is a new key: an entry is never read across versions. Under the ``owner`` scope
+(``--cache-scope``, the default) the request's owner is hashed too, so one tenant never
+reads what another computed: a hit would tell it that someone sent those exact inputs.
 
 An **entry** (:class:`CacheEntry`) is a msgpack map ``{"v": 1, "model_version",
 "outputs", "compute_s"}``: the outputs in the tensor codec, the version that computed
@@ -30,7 +32,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.schemas.errors import ResultStoreError, SchemaError
+from batchfleet.schemas.errors import ConfigError, ResultStoreError, SchemaError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.tensors import Array, Tensors, decode_tensors, encode_tensors
 
@@ -51,8 +53,20 @@ def _tensor(h: Any, name: str | None, array: Array) -> None:
     _field(h, np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
-def cache_key(model: str, model_version: str, inputs: Tensors) -> str:
+#: ``scope`` of :func:`cache_key`: one scope per owner (the default), or one for everyone.
+SCOPE_OWNER: Final = "owner"
+SCOPE_SHARED: Final = "shared"
+SCOPES: Final = (SCOPE_OWNER, SCOPE_SHARED)
+
+
+def cache_key(model: str, model_version: str, inputs: Tensors, *,
+              owner: str | None = None, scope: str = SCOPE_OWNER) -> str:
     """The entry's digest (32 hex characters) for these inputs on this exact version.
+
+    ``scope="owner"`` hashes ``owner`` as well (requests with no owner share one scope
+    among themselves); ``"shared"`` leaves it out, the key every owner shares. The owner
+    field starts with a byte (2 or 3) no tensor field starts with (0 or 1), so an owned
+    key never equals a shared one.
 
     ``dtype.str`` carries the byte order, so float32 and float64 (or ``<f4`` and ``>f4``)
     never share a key, and the shape is hashed beside the bytes, so a (2, 5) and a
@@ -62,6 +76,10 @@ def cache_key(model: str, model_version: str, inputs: Tensors) -> str:
     _field(h, _KEY_DOMAIN)
     _field(h, model.encode())
     _field(h, model_version.encode())
+    if scope == SCOPE_OWNER:
+        _field(h, b"\x03" if owner is None else b"\x02" + owner.encode())
+    elif scope != SCOPE_SHARED:
+        raise ConfigError(f"cache scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     if isinstance(inputs, dict):
         for name in sorted(inputs):
             _tensor(h, name, inputs[name])

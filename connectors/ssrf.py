@@ -13,8 +13,8 @@ and :func:`embedded_ipv4`, decides both times the URL is checked: at submit
 cheaply) and at delivery, where the host is resolved and *every* address it
 resolves to must pass. A host is read the way the resolver will read it
 (``inet_aton``'s numeric forms, IPv6 literals), and an IPv6 address that
-carries an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by the
-IPv4 address it reaches. Shared by producers and the webhook job, hence here
+carries an IPv4 one (mapped, SIIT-translated, compatible, NAT64, 6to4, Teredo,
+ISATAP) is judged by the IPv4 address it reaches. Shared by producers and the webhook job, hence here
 in ``connectors``.
 """
 
@@ -61,7 +61,13 @@ DENIED_NETWORKS: Final[tuple[Network, ...]] = tuple(_net(n) for n in (
     "ff00::/8",           # multicast
 ))
 _NAT64: Final = (_net("64:ff9b::/96"), _net("64:ff9b:1::/48"))
+#: SIIT's IPv4-translated addresses, ``::ffff:0:a.b.c.d`` = ``::ffff:0:0:0/96`` (RFC 2765).
+_TRANSLATED: Final = _net("::ffff:0:0:0/96")
 _COMPATIBLE: Final = _net("::/96")
+#: ISATAP's interface ID ``[0200|0000]:5efe:a.b.c.d`` (RFC 5214), under any /64 prefix;
+#: the mask ignores the universal/local and group bits.
+_ISATAP_MASK: Final = 0xFCFF_FFFF
+_ISATAP_ID: Final = 0x0000_5EFE
 _NUMERIC_LABEL = re.compile(r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)")
 _HOST_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
 _ALL_ONES = 0xFFFFFFFF
@@ -138,25 +144,38 @@ def parse_host(host: str) -> Address | None:
 def embedded_ipv4(address: Address) -> list[ipaddress.IPv4Address]:
     """The IPv4 addresses an IPv6 address carries, i.e. where packets to it really go.
 
-    IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64
-    ``64:ff9b::/96`` and the local-use ``64:ff9b:1::/48`` (last 32 bits), 6to4
-    ``2002:AABB:CCDD::/48`` and Teredo ``2001:0:SERVER::`` (server, and the client
-    as the last 32 bits XOR all-ones). An IPv4 address carries itself.
+    IPv4-mapped ``::ffff:a.b.c.d``, SIIT-translated ``::ffff:0:a.b.c.d``,
+    IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96`` and the local-use
+    ``64:ff9b:1::/48`` (last 32 bits), 6to4 ``2002:AABB:CCDD::/48``, Teredo
+    ``2001:0:SERVER::`` (server, and the client as the last 32 bits XOR all-ones) and
+    ISATAP ``PREFIX:0:5efe:a.b.c.d`` (a router may forward it to that IPv4 address).
+    An IPv4 address carries itself.
     """
     if isinstance(address, ipaddress.IPv4Address):
         return [address]
     low = ipaddress.IPv4Address(int(address) & _ALL_ONES)
     if address.ipv4_mapped is not None:
         return [address.ipv4_mapped]
+    if address in _TRANSLATED or any(address in net for net in _NAT64):
+        return [low]
     if address in _COMPATIBLE and int(address) > 1:  # :: and ::1 are IPv6's own
         return [low]
-    if any(address in net for net in _NAT64):
-        return [low]
+    carried: list[ipaddress.IPv4Address] = []
     if address.sixtofour is not None:
-        return [address.sixtofour]
+        carried.append(address.sixtofour)
     if address.teredo is not None:
-        return list(address.teredo)  # (server, client); the library undoes the XOR
-    return []
+        carried += address.teredo  # (server, client); the library undoes the XOR
+    if (int(address) >> 32) & _ISATAP_MASK == _ISATAP_ID:  # any prefix, 6to4 ones too
+        carried.append(low)
+    return carried
+
+
+def _translation(address: ipaddress.IPv6Address | ipaddress.IPv4Address) -> bool:
+    """An address whose prefix only says "the IPv4 address inside" (not ISATAP's /64)."""
+    return isinstance(address, ipaddress.IPv6Address) and (
+        address.ipv4_mapped is not None or address.sixtofour is not None
+        or address.teredo is not None
+        or any(address in net for net in (_TRANSLATED, _COMPATIBLE, *_NAT64)))
 
 
 def is_public(address: Address) -> bool:
@@ -228,7 +247,11 @@ class CallbackPolicy:
         """
         if self._allowed(address):
             return
-        targets: list[Address] = list(embedded_ipv4(address)) or [address]
+        carried = embedded_ipv4(address)
+        # A translation prefix is only a way to reach its IPv4 address; any other prefix
+        # (ISATAP's, say fe80::/64) is a network of its own and is judged too.
+        targets: list[Address] = [*carried, *(() if carried and _translation(address)
+                                              else (address,))]
         for target in targets:
             if not (self._allowed(target) or is_public(target)):
                 shown = f"{address}" if target == address else f"{address} -> {target}"

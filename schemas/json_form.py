@@ -59,6 +59,7 @@ def result_to_json(result: Result) -> dict[str, Any]:
         "compute_ms": _finite(result.compute_ms),
         "batch_size": result.batch_size,
         "generation": result.generation,
+        "cached": result.cached,
     }
 
 

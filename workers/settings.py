@@ -212,6 +212,12 @@ class WorkerSettings:
         "Answer repeated inputs from a result cache kept this long (0: off); the key holds "
         "the model version (docs/cache.md).", per_model=True, metavar="[MODEL=]SECONDS",
         parse=_cache_ttl))
+    #: Whose requests share cache entries: each owner its own (API key ID, SDK ``owner=``),
+    #: or everyone (a hit then tells a caller someone else sent those inputs; docs/cache.md).
+    cache_scope: PerModel[str] = field(default=PerModel("owner"), metadata=opt(
+        "Who shares result-cache entries: owner (each API key / SDK owner its own) or shared "
+        "(everyone: reveals what others sent; docs/cache.md).", per_model=True,
+        metavar="[MODEL[@VERSION]=]owner|shared", parse=_one_of("owner", "shared")))
     #: On SIGTERM, in-flight work gets this long to finish before the worker exits anyway.
     grace_s: float = field(default=30.0, metadata=opt(
         "On SIGTERM, how long in-flight work may take to finish."))

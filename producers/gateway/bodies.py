@@ -30,7 +30,7 @@ from batchfleet.schemas.tensors import DTYPES, Tensors, decode_tensor, is_tensor
 JSON_TYPES = ("application/json",)
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 _FIELDS = {"inputs", "dtype", "priority", "deadline_s", "callback_url", "version",
-           "routing_key"}
+           "routing_key", "cache"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,8 @@ class Submission:
     #: A version label to pin to, and what routing hashes (docs/rollout.md, "Routing").
     version: str | None = None
     routing_key: str | None = None
+    #: False: never answered from the result cache, nor stored in it (docs/cache.md).
+    cache: bool = True
 
 
 async def read_limited(content_length: str | None, chunks: AsyncIterator[bytes],
@@ -86,8 +88,8 @@ def parse_submission(doc: Any, *, batch: bool, max_items: int) -> Submission:
     if "inputs" not in doc:
         raise ValidationError("'inputs' is required")
     dtype = doc.get("dtype")
-    if dtype is not None and dtype not in DTYPES:
-        raise ValidationError(f"dtype must be one of {sorted(DTYPES)}")
+    if dtype is not None:
+        dtype = _choice(dtype, "dtype", sorted(DTYPES))
     if batch:
         items = doc["inputs"]
         if not isinstance(items, list) or not items:
@@ -97,19 +99,46 @@ def parse_submission(doc: Any, *, batch: bool, max_items: int) -> Submission:
         inputs = [to_tensors(item, dtype, f"inputs[{i}]") for i, item in enumerate(items)]
     else:
         inputs = [to_tensors(doc["inputs"], dtype, "inputs")]
-    priority = doc.get("priority", "interactive")
-    if priority not in PRIORITIES:
-        raise ValidationError(f"priority must be one of {', '.join(PRIORITIES)}")
-    deadline = doc.get("deadline_s")
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)
-                                 or not math.isfinite(deadline) or deadline <= 0):
-        raise ValidationError("deadline_s must be a positive number of seconds, or null")
+    priority = _choice(doc.get("priority", "interactive"), "priority", list(PRIORITIES))
     callback = doc.get("callback_url")
     if callback is not None and not isinstance(callback, str):
         raise ValidationError("callback_url must be a string or null")
-    return Submission(inputs, str(priority), None if deadline is None else float(deadline),
+    cache = doc.get("cache", True)
+    if cache is not None and not isinstance(cache, bool):
+        raise ValidationError("cache must be true, false or null")
+    return Submission(inputs, priority, _deadline(doc.get("deadline_s")),
                       callback, check_version_label(doc.get("version")),
-                      _routing_key(doc.get("routing_key")))
+                      _routing_key(doc.get("routing_key")), cache is not False)
+
+
+def _choice(value: Any, name: str, allowed: list[str]) -> str:
+    """One of ``allowed``; anything else, a list or an object too, is a 422 naming them."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValidationError(f"{name} must be one of {', '.join(allowed)}, got {_shown(value)}")
+    return value
+
+
+def _deadline(value: Any) -> float | None:
+    """Positive seconds that fit a float: a 400-digit JSON integer is refused, not a 500."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+        if math.isfinite(seconds) and seconds > 0:
+            return seconds
+    raise ValidationError(f"deadline_s must be a positive number of seconds (a float), or "
+                          f"null, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """A short echo of a bad value (a huge integer is named by its size, not printed)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = json.dumps(value) if isinstance(value, list | dict) and len(value) < 8 else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _routing_key(value: Any) -> str | None:

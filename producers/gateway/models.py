@@ -45,6 +45,9 @@ class ResultOut(BaseModel):
     compute_ms: float | None
     batch_size: int | None
     generation: int
+    cached: bool = Field(False, description=(
+        "Answered from the result cache: computed earlier for the same owner's identical "
+        "inputs (docs/cache.md); compute_ms is then 0 and batch_size null."))
 
 
 class Health(BaseModel):
@@ -71,6 +74,9 @@ _COMMON: dict[str, Any] = {
                 "description": "Pin to one version label (docs/rollout.md, Routing)."},
     "routing_key": {"type": ["string", "null"], "minLength": 1, "maxLength": 256,
                     "description": "Hashed instead of the request ID to pick a version."},
+    "cache": {"type": ["boolean", "null"], "default": True,
+              "description": "false: never answered from the result cache, nor stored in it "
+                             "(docs/cache.md)."},
 }
 _TENSOR = {"description": "A number, a nested array of numbers, an object of named arrays, "
                           "or (msgpack) a wire tensor map {dtype, shape, data}."}

@@ -49,7 +49,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
-              *result_cache(s.cache_ttl_s, metrics),  # after Routing: the key holds the version
+              *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
               Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
               RetryPumpLoop()]

@@ -5,8 +5,9 @@ of a model with a TTL, ``before_compute``:
 
 * keys each request that did not opt out (``cache: false``) by
   ``connectors.result_cache.cache_key`` over model, the full ``model_version`` (label,
-  weights hash, runtime, precision) and its input bytes, so a new version never reads an
-  old entry;
+  weights hash, runtime, precision), its input bytes and, under the default
+  ``--cache-scope owner``, the request's owner, so a new version never reads an old
+  entry and one tenant never reads (nor is coalesced with) another's;
 * reads every distinct key in **one** round trip (``ResultCache.get_many``, an MGET);
 * moves each hit to ``batch.answered`` (written and acked by the worker at once, with
   ``cached: true`` and the ``model_version`` that computed it), and each later twin of a
@@ -29,13 +30,13 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import structlog
 
 from batchfleet.connectors import control_plane_for
 from batchfleet.connectors.control_plane import ResultCache
-from batchfleet.connectors.result_cache import CacheEntry, cache_key
+from batchfleet.connectors.result_cache import SCOPE_OWNER, CacheEntry, cache_key
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers import intake
@@ -55,6 +56,8 @@ T = TypeVar("T")
 #: A cache read or write slower than this counts as failed (a miss): the cache must never
 #: hold a batch up for long.
 TIMEOUT_S = 1.0
+#: The default ``--cache-scope``: each owner its own entries.
+BY_OWNER: Final[PerModel[str]] = PerModel(SCOPE_OWNER)
 #: A twin whose first copy vanished from the batch before compute (never expected).
 _LOST = ErrorInfo("internal_error", "its identical request left the batch before compute",
                   retryable=True)
@@ -86,8 +89,10 @@ class _Plan:
 
 class CachedResults(Middleware):
     def __init__(self, ttl_s: PerModel[int], metrics: WorkerMetrics | None = None,
-                 cache: ResultCache | None = None, timeout_s: float = TIMEOUT_S) -> None:
+                 cache: ResultCache | None = None, timeout_s: float = TIMEOUT_S,
+                 scope: PerModel[str] = BY_OWNER) -> None:
         self._ttl = ttl_s
+        self._scope = scope
         self._metrics = metrics
         self._cache = cache
         self._timeout_s = timeout_s
@@ -109,7 +114,9 @@ class CachedResults(Middleware):
         if ttl <= 0 or worker is None or label not in worker.versions.get(model, {}):
             return True
         version = model_version(label, worker.versions[model][label])
-        keys = {id(job): cache_key(model, version, job.request.inputs)
+        scope = self._scope.for_model(model, label or None)
+        keys = {id(job): cache_key(model, version, job.request.inputs,
+                                   owner=job.request.owner, scope=scope)
                 for job in batch.jobs if job.request.cache}
         if not keys:
             return True
@@ -242,8 +249,8 @@ def _hit(job: Job, entry: CacheEntry, now: float) -> Answer:
     return Answer(job.delivery, result, req.notify, req.generation, req.callback_url)
 
 
-def result_cache(ttl_s: PerModel[int], metrics: WorkerMetrics | None = None
-                 ) -> list[Middleware]:
+def result_cache(ttl_s: PerModel[int], metrics: WorkerMetrics | None = None,
+                 scope: PerModel[str] = BY_OWNER) -> list[Middleware]:
     """``[CachedResults]`` when any model has a TTL, else nothing (``defaults.py``)."""
     on = ttl_s.default > 0 or any(ttl > 0 for _, ttl in ttl_s.overrides)
-    return [CachedResults(ttl_s, metrics)] if on else []
+    return [CachedResults(ttl_s, metrics, scope=scope)] if on else []
