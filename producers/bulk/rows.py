@@ -56,15 +56,24 @@ def invalid_row(index: int, message: str, **where: Any) -> Row:
 def coerce_array(value: Any, dtype: str) -> Array:
     """One input as an array: ``auto`` sends floats as float32 (the SDK's rule for lists).
 
-    Raises ``ValidationError`` (from ``as_array``) for values that are not a tensor.
+    Raises ``ValidationError`` for values that are not a tensor, and for NaN or infinite
+    numbers (also ones too large for the dtype they are cast to).
     """
-    array = as_array(value)
+    with np.errstate(over="ignore"):  # too large for float32: refused below, as not finite
+        array = as_array(value)
     if array.dtype.name not in DTYPES or array.ndim > MAX_NDIM:
         raise ValidationError(f"inputs are not a supported tensor: {array.dtype}[{array.ndim}-d]")
     if dtype == "auto":
-        return array.astype(np.float32) if array.dtype == np.float64 else array
-    target = DTYPES[dtype]
-    return array if array.dtype == target else array.astype(target)
+        array = array.astype(np.float32) if array.dtype == np.float64 else array
+    else:
+        target = DTYPES[dtype]
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = array if array.dtype == target else array.astype(target)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        # As the gateway refuses them: NaN and infinity are no input, and would come back
+        # as outputs no strict JSON reader takes.
+        raise ValidationError(f"inputs: numbers must be finite (and fit in {array.dtype})")
+    return array
 
 
 def coerce_tensors(value: Any, dtype: str) -> Tensors:

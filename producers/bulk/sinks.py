@@ -11,6 +11,7 @@ points past what is on disk. The errors file is JSONL for every format
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -22,6 +23,7 @@ from batchfleet.producers.bulk.rows import Position, Row
 from batchfleet.producers.bulk.sources import Source
 from batchfleet.producers.bulk.spec import JobSpec, Tuning
 from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.json_form import tensors_to_json
 from batchfleet.schemas.tensors import Tensors
 
 
@@ -62,15 +64,27 @@ def sync(f: IO[bytes]) -> None:
 
 
 def outputs_to_json(value: Tensors | None) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return {k: np.asarray(v).tolist() for k, v in value.items()}
-    return np.asarray(value).tolist()
+    """As the gateway and webhooks show outputs: a NaN or infinity a model made is null."""
+    return tensors_to_json(value)
 
 
 def dumps(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    """One strict JSON line: a non-finite float anywhere (a ``custom_id`` of NaN) is null."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
+    return text.encode() + b"\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def output_record(row: Row, status: str, outputs: Tensors | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from batchfleet.connectors import open_result_store, redis_client
 from batchfleet.connectors.bulk_jobs import RedisBulkJobs
@@ -34,6 +35,7 @@ from tests.support.bulk_main import (
     mlp_reference,
     peak_rss_command,
     read_jsonl,
+    write_jsonl,
 )
 from tests.support.fleet import running_worker
 from tests.support.models import SlowMLP
@@ -249,3 +251,38 @@ async def test_most_of_the_first_rows_failing_stops_early_with_the_rate_and_the_
                                     "--max-failure-rate", "1")
     assert code == 0, err[-2000:]
     assert json.loads(out)["failed"] == 200  # overridden: every row scored
+
+
+class _LogOfFirst(torch.nn.Module):
+    """log of each row's first feature: NaN for a negative one (finite in, NaN out)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x[:, :1])
+
+
+async def test_nan_and_infinite_rows_are_bad_rows_and_the_output_is_strict_json(
+        redis_url: str, tmp_path: Path) -> None:
+    """NaN / Infinity inputs fail alone as ``invalid_row`` (never submitted, like the
+    gateway's 422); a NaN the model makes is written as null, so every line is strict JSON."""
+    x = np.abs(mlp_inputs(40, seed=25)) + 0.5
+    x[7, 0] = -1.0  # finite in, NaN out
+    write_jsonl(tmp_path / "in.jsonl", x, {
+        10: ['{"custom_id": "nan", "inputs": [NaN, 1, 1, 1, 1, 1, 1, 1, 1, 1]}'],
+        20: ['{"custom_id": "inf", "inputs": {"x": [Infinity, 1, 1, 1, 1, 1, 1, 1, 1, 1]}}']})
+    handler = TorchModuleHandler("logs", _LogOfFirst(), input_spec=TensorSpec("float32", (10,)))
+    spec = JobSpec.create("nan-1", "logs", tmp_path / "in.jsonl", tmp_path / "out.jsonl")
+    async with running_worker(redis_url, handlers={"logs": handler}):
+        report = await run_job(spec, Endpoints(redis_url))
+
+    def strict(line: str) -> Any:
+        return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
+
+    out = [strict(line) for line in spec.output.read_text().splitlines()]
+    errors = [strict(line) for line in spec.errors.read_text().splitlines()]
+    assert report.status == "finished" and (report.succeeded, report.failed) == (40, 2)
+    assert [(e["custom_id"], e["error"]["type"]) for e in errors] == \
+        [("nan", "invalid_row"), ("inf", "invalid_row")]
+    assert all("numbers must be finite" in e["error"]["message"] for e in errors)
+    good = {r["custom_id"]: r["outputs"] for r in out if r["status"] == "succeeded"}
+    assert len(good) == 40 and good["c7"] == [None]
+    assert sum(v == [None] for v in good.values()) == 1

@@ -20,9 +20,10 @@ import pytest
 from batchfleet.producers.bulk.errors import EarlyStopError, OutputMissingError
 from batchfleet.producers.bulk.files import check_files
 from batchfleet.producers.bulk.guard import EarlyStop, dtype_hint, over_rate, with_hint
-from batchfleet.producers.bulk.rows import MAX_ROW_BYTES, Position, encode_problem
+from batchfleet.producers.bulk.rows import MAX_ROW_BYTES, Position, Row, encode_problem
 from batchfleet.producers.bulk.sink_npy import status_path
 from batchfleet.producers.bulk.sink_parquet import parts_dir
+from batchfleet.producers.bulk.sinks import dumps, output_record
 from batchfleet.producers.bulk.source_parquet import ParquetSource
 from batchfleet.producers.bulk.sources import JsonlSource, parse_jsonl, read_line
 from batchfleet.producers.bulk.spec import JobSpec, request_id_for
@@ -49,6 +50,11 @@ BAD_ROWS: list[tuple[str, bytes, str]] = [
     ("bad JSON", b'{"inputs": [1, 2', "not valid JSON"),
     ("not an object", b"[1, 2, 3]", "expected a JSON object"),
     ("no inputs", b'{"custom_id": "x", "input": [1]}', "no 'inputs' field"),
+    # as the gateway refuses them (422): NaN and infinity are no input
+    ("NaN", b'{"inputs": [1.0, NaN]}', "numbers must be finite"),
+    ("Infinity", b'{"inputs": [Infinity, 2.0]}', "numbers must be finite"),
+    ("named -Infinity", b'{"inputs": {"a": [1.0], "b": [-Infinity]}}', "numbers must be finite"),
+    ("over float32", b'{"inputs": [1e300]}', "numbers must be finite (and fit in float32)"),
 ]
 
 
@@ -278,3 +284,32 @@ def test_check_files_npy_and_parquet(tmp_path: Path) -> None:
     check_files(pq_spec, half, False)
     pq_spec.output.unlink()
     _assert_missing(pq_spec, Position(rows=10, parts=2), True, pq_spec.output, 10)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_a_number_the_dtype_cannot_hold_is_an_invalid_row(dtype: str) -> None:
+    """``--dtype float16``: 1e10 would become infinity; NaN is refused in any float dtype."""
+    big = parse_jsonl(b'{"inputs": [1e10]}', 0, 1, 20, "custom_id", dtype)
+    nan = parse_jsonl(b'{"inputs": [NaN]}', 1, 2, 20, "custom_id", dtype)
+    assert nan.error is not None and "finite" in nan.error.message
+    if dtype == "float16":
+        assert big.error is not None and "fit in float16" in big.error.message
+    else:
+        assert big.error is None and big.inputs is not None
+
+
+def _strict(line: bytes) -> Any:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"not strict JSON: {name} in {line!r}")
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_output_lines_are_strict_json_whatever_the_model_or_the_ids_hold() -> None:
+    """A model may turn finite inputs into NaN: shown as null, as the gateway shows it."""
+    row = Row(3, np.zeros(2, np.float32), custom_id=float("nan"))
+    out = _strict(dumps(output_record(row, "succeeded", np.array([np.nan, 1.5, -np.inf]))))
+    assert out == {"custom_id": None, "row": 3, "status": "succeeded",
+                   "outputs": [None, 1.5, None]}
+    named = _strict(dumps(output_record(Row(4, None, custom_id="c4"), "succeeded",
+                                        {"a": np.array([np.inf], np.float32)})))
+    assert named["outputs"] == {"a": [None]}
