@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -137,6 +138,8 @@ def _spellings(ip: ipaddress.IPv4Address) -> list[str]:
         # Teredo, as the client (server public) and as the server (client public)
         f"[2001:0:808:808:0:0:{(n ^ 0xFFFFFFFF) >> 16:x}:{(n ^ 0xFFFFFFFF) & 0xFFFF:x}]",
         f"[2001:0:{n >> 16:x}:{n & 0xFFFF:x}:0:0:f7f7:f7f7]",
+        f"[::ffff:0:{ip}]",  # SIIT
+        f"[2606:4700::5efe:{ip}]", f"[2606:4700::200:5efe:{ip}]",  # ISATAP, public /64
     ]
     if n > 1:  # ::0.0.0.0 and ::0.0.0.1 are IPv6's own unspecified and loopback
         spellings.append(f"[::{ip}]")
@@ -168,3 +171,73 @@ def test_property_every_spelling_of_a_public_ipv4_is_allowed(ip: ipaddress.IPv4A
     policy = CallbackPolicy()
     for host in _spellings(ip):
         policy.check_url(f"https://{host}/")
+
+
+
+# --- every IPv4-embedding form against every range it must not reach -------------------
+
+def _teredo_client(obfuscated: int) -> str:
+    """A Teredo address whose client (stored XOR all-ones) is the IPv4 address."""
+    return f"[2001:0:808:808::{obfuscated >> 16:x}:{obfuscated & 0xFFFF:x}]"
+
+
+#: (form, how a URL host spells IPv4 ``ip`` in it); all are unwrapped to ``ip``.
+EMBEDDINGS: list[tuple[str, Any]] = [
+    ("mapped", lambda ip: f"[::ffff:{ip}]"),
+    ("mapped-hex", lambda ip: f"[::ffff:{int(ip) >> 16:x}:{int(ip) & 0xFFFF:x}]"),
+    ("siit", lambda ip: f"[::ffff:0:{ip}]"),
+    ("compatible", lambda ip: f"[::{ip}]"),
+    ("nat64", lambda ip: f"[64:ff9b::{ip}]"),
+    ("nat64-local", lambda ip: f"[64:ff9b:1::{ip}]"),
+    ("nat64-local-subnet", lambda ip: f"[64:ff9b:1:abcd::{ip}]"),
+    ("6to4", lambda ip: f"[2002:{int(ip) >> 16:x}:{int(ip) & 0xFFFF:x}::1]"),
+    ("teredo-client", lambda ip: _teredo_client(int(ip) ^ 0xFFFFFFFF)),
+    ("teredo-server", lambda ip: f"[2001:0:{int(ip) >> 16:x}:{int(ip) & 0xFFFF:x}::f7f7:f7f7]"),
+    ("isatap", lambda ip: f"[::5efe:{ip}]"),
+    ("isatap-global", lambda ip: f"[2606:4700:1:2:200:5efe:{ip}]"),
+    ("isatap-in-6to4", lambda ip: f"[2002:808:808:1:0:5efe:{ip}]"),
+]
+#: One address in each private, loopback, link-local and metadata range.
+FORBIDDEN: list[tuple[str, str]] = [
+    ("private-10", "10.0.0.5"), ("private-172", "172.16.3.4"), ("private-192", "192.168.0.1"),
+    ("loopback", "127.0.0.1"), ("loopback-other", "127.9.9.9"), ("this-network", "0.1.2.3"),
+    ("link-local", "169.254.10.20"), ("metadata", "169.254.169.254"),
+    ("metadata-alibaba", "100.100.100.200"), ("cgnat", "100.64.0.1"),
+]
+
+
+@pytest.mark.parametrize(("form", "spell"), EMBEDDINGS, ids=[f for f, _ in EMBEDDINGS])
+@pytest.mark.parametrize(("where", "ip"), FORBIDDEN, ids=[w for w, _ in FORBIDDEN])
+def test_every_embedding_of_every_forbidden_range_is_refused_at_submit_and_delivery(
+        form: str, spell: Any, where: str, ip: str) -> None:
+    """http allowed, as where the issue saw a 202: refused by ``check_url`` (what the SDK
+    and the gateway run at submit) and by ``check_resolved`` (the webhook job's)."""
+    url = f"http://{spell(ipaddress.IPv4Address(ip))}:8080/hook"
+    policy = CallbackPolicy.parse("http,https")
+    with pytest.raises(CallbackRefusedError, match=ip.replace(".", r"\.")):
+        policy.check_url(url)
+    with pytest.raises(CallbackRefusedError, match=ip.replace(".", r"\.")):
+        policy.check_resolved(url)
+
+
+@pytest.mark.parametrize(("form", "spell"), EMBEDDINGS, ids=[f for f, _ in EMBEDDINGS])
+def test_every_embedding_of_a_public_address_is_allowed(form: str, spell: Any) -> None:
+    host = spell(ipaddress.IPv4Address("8.8.8.8"))
+    assert CallbackPolicy().check_url(f"https://{host}/")[0] == host.strip("[]")
+
+
+@pytest.mark.parametrize("url", [
+    "https://[::ffff:0:10.0.0.5]/", "https://[::ffff:0:127.0.0.1]/",
+    "https://[::ffff:0:169.254.169.254]/", "https://[::5efe:a00:5]/",
+])
+def test_the_issue_urls_are_refused(url: str) -> None:
+    with pytest.raises(CallbackRefusedError):
+        CallbackPolicy.parse("http,https").check_url(url)
+
+
+def test_an_isatap_address_is_judged_by_its_prefix_too() -> None:
+    """ISATAP's prefix is a real network (a translation prefix is not): a link-local or
+    unique-local /64 is refused even when the IPv4 address inside is public."""
+    for host in ["[fe80::200:5efe:8.8.8.8]", "[fd00:ec2::5efe:8.8.8.8]"]:
+        with pytest.raises(CallbackRefusedError):
+            CallbackPolicy().check_url(f"https://{host}/")
