@@ -17,7 +17,7 @@ from batchfleet.schemas.envelopes import (
     encode_request,
     encode_result,
 )
-from batchfleet.schemas.errors import ValidationError
+from batchfleet.schemas.errors import ConfigError, ValidationError
 
 pytestmark = pytest.mark.unit
 
@@ -88,3 +88,18 @@ def test_the_request_flag_and_the_result_flag_on_the_wire() -> None:
     assert b"cached" not in encode_result(res) and decode_result(encode_result(res)).cached is False
     res.cached = True
     assert decode_result(encode_result(res)).cached is True
+
+
+def test_the_owner_scope_keys_each_owner_apart_and_shared_keys_everyone_alike() -> None:
+    """``--cache-scope owner`` (the default): another owner's key never matches, ownerless
+    requests share one; ``shared``: one key whoever asks, never equal to an owned one."""
+    alice, bob = (cache_key("m", V1, X, owner=o) for o in ("alice", "bob"))
+    nobody = cache_key("m", V1, X)
+    assert len({alice, bob, nobody}) == 3
+    assert cache_key("m", V1, X, owner="alice") == alice and cache_key("m", V1, X) == nobody
+    shared = {cache_key("m", V1, X, owner=o, scope="shared") for o in ("alice", "bob", None)}
+    assert len(shared) == 1 and shared.isdisjoint({alice, bob, nobody})
+    # the owner field cannot run into the tensor that follows it
+    assert cache_key("m", V1, {"a": X}, owner="x") != cache_key("m", V1, {"xa": X}, owner="")
+    with pytest.raises(ConfigError):
+        cache_key("m", V1, X, scope="everyone")
