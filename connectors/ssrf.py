@@ -14,8 +14,8 @@ cheaply) and at delivery, where the host is resolved and *every* address it
 resolves to must pass. A host is read the way the resolver will read it
 (``inet_aton``'s numeric forms, IPv6 literals), and an IPv6 address that
 carries an IPv4 one (mapped, SIIT-translated, compatible, NAT64, 6to4, Teredo,
-ISATAP) is judged by the IPv4 address it reaches. Shared by producers and the webhook job, hence here
-in ``connectors``.
+ISATAP) is judged by the IPv4 address it reaches. Shared by producers and the
+webhook job, hence here in ``connectors``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-import numpy as np
-
 from batchfleet.producers.bulk.errors import OutputMissingError
 from batchfleet.producers.bulk.rows import Position, Row
 from batchfleet.producers.bulk.sources import Source
