@@ -98,7 +98,8 @@ async def test_a_cache_field_that_is_not_a_boolean_is_a_422(
     await registry.close()
     with live_gateway(GatewaySettings(broker=redis_url, namespace=NS, keys=KEYS)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-            for value in ("no", 0, [], {}):
+            odd: list[Any] = ["no", 0, [], {}]
+            for value in odd:
                 res = await http.post("/v1/models/demo-mlp/requests", headers=A,
                                       json={"inputs": [0.5] * 10, "cache": value})
                 assert res.status_code == 422, (value, res.text)

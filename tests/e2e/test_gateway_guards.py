@@ -125,7 +125,8 @@ async def test_embedded_private_addresses_are_refused_at_submit_and_at_delivery(
     store = open_result_store(redis_url, names)
     done = Result("r1", "succeeded", model="demo-mlp", generation=1)
     await store.put_pending([("r1", encode_result(Result("r1", "pending", model="demo-mlp")))])
-    await store.write_terminal([TerminalWrite("r1", "succeeded", encode_result(done), 1)])
+    await store.write_terminal([TerminalWrite("r1", "succeeded", encode_result(done),
+                                            generation=1)])
     await store.close()
     receiver = Receiver().start()
     conn = sync_redis.Redis.from_url(redis_url)
