@@ -135,9 +135,14 @@ def _deadline(value: Any) -> float | None:
 
 def _shown(value: Any) -> str:
     """A short echo of a bad value (a huge integer is named by its size, not printed)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = json.dumps(value) if isinstance(value, list | dict) and len(value) < 8 else repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list | dict) and len(value) > 8:
+        return f"a {'list' if isinstance(value, list) else 'map'} of {len(value)} items"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit, deep inside a list
+        text = type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -57,3 +57,12 @@ def test_cache_false_reaches_the_submission() -> None:
     assert parse_submission({"inputs": [1.0], "cache": False}, batch=False,
                             max_items=1).cache is False
     assert parse_submission({"inputs": [1.0]}, batch=False, max_items=1).cache is True
+
+
+def test_a_msgpack_value_json_cannot_show_is_refused_all_the_same() -> None:
+    """Bytes keys and values (msgpack only) are echoed with ``repr``, never ``json.dumps``."""
+    for value in [{b"a": 1}, [b"\xff"], b"float32", list(range(1000))]:
+        raw = msgpack.packb({"inputs": [1.0], "dtype": value, "priority": value})
+        with pytest.raises(ValidationError, match="dtype must be one of"):
+            parse_submission(decode_body(raw, "application/msgpack"), batch=False,
+                             max_items=1)
