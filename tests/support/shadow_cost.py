@@ -52,7 +52,9 @@ def scrape(port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(body.decode()):
         for s in family.samples:
-            if ("shadow" in s.name and "abs_diff" not in s.name) or s.name.startswith("batchfleet_version_compute_seconds_sum"):
+            wanted = s.name.startswith("batchfleet_version_compute_seconds_sum") or (
+                "shadow" in s.name and "abs_diff" not in s.name)
+            if wanted:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}"] = s.value
     return out

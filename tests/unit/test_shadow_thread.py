@@ -27,16 +27,18 @@ pytestmark = pytest.mark.unit
 
 def test_budget_rests_a_model_for_its_share_of_wall_time() -> None:
     budget = ShadowBudget(PerModel(0.25, ((("slow", None), 0.5), (("off", None), 0.0),
-                                          (("free", None), None))))
-    assert budget.allows("m", 10.0)
-    budget.spent("m", 1.0, now=10.0)  # 1 s at a quarter: 3 s of rest
-    assert not budget.allows("m", 12.99)
-    assert budget.allows("m", 13.0)
-    budget.spent("slow", 1.0, now=10.0)  # at a half: 1 s of rest
-    assert (budget.allows("slow", 10.99), budget.allows("slow", 11.0)) == (False, True)
-    assert not budget.allows("off", 1e9)  # 0: the shadow never runs here
-    budget.spent("free", 60.0, now=10.0)  # none: no rest at all
-    assert budget.allows("free", 10.0)
+                                          (("free", None), None), (("m", "v9"), 1.0))))
+    assert budget.allows("m", "v2", 10.0)
+    budget.spent("m", "v2", 1.0, now=10.0)  # 1 s at a quarter: 3 s of rest
+    assert not budget.allows("m", "v2", 12.99)
+    assert budget.allows("m", "v2", 13.0)
+    budget.spent("slow", "v2", 1.0, now=10.0)  # at a half: 1 s of rest
+    assert (budget.allows("slow", "v2", 10.99), budget.allows("slow", "v2", 11.0)) == (
+        False, True)
+    assert not budget.allows("off", "v2", 1e9)  # 0: the shadow never runs here
+    budget.spent("free", "v2", 60.0, now=10.0)  # none: no rest at all
+    assert budget.allows("free", "v2", 10.0)
+    assert (budget.share("m", "v9"), budget.share("m", "v2")) == (1.0, 0.25)  # MODEL@SHADOW
 
 
 @pytest.mark.parametrize("share", [1.5, -0.1])

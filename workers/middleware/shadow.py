@@ -150,17 +150,17 @@ class Shadow(Middleware):
         for copy in copies.values():
             for rid in copy.request_ids:
                 self._waiting.pop(rid, None)
-            reason = self._skip_reason(copy.model)
+            reason = self._skip_reason(copy)
             if reason:
                 self._skip(copy, reason)
             else:
                 self._running = asyncio.get_running_loop().create_task(self._run(copy))
 
-    def _skip_reason(self, model: str) -> str:
+    def _skip_reason(self, copy: Copy) -> str:
         """Why this copy is not shadowed now ("" when it may run)."""
         if self._running is not None or self._thread.busy:
             return "busy"
-        if not self._budget.allows(model, time.monotonic()):
+        if not self._budget.allows(copy.model, copy.shadow, time.monotonic()):
             return "budget"
         return "backlog" if self._backed_up() else ""
 
@@ -206,7 +206,7 @@ class Shadow(Middleware):
             self._skip(copy, "absent")
             return
         outputs, shadow_ms = await self._thread.run(lambda: run_shadow(handler, copy.inputs))
-        self._budget.spent(copy.model, shadow_ms / 1000.0, time.monotonic())
+        self._budget.spent(copy.model, copy.shadow, shadow_ms / 1000.0, time.monotonic())
         delta, m = self._delta(copy), self._metrics
         errors = 0
         for stable, shadow in zip(copy.outputs, outputs, strict=True):

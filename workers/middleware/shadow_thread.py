@@ -112,15 +112,16 @@ class ShadowBudget:
         self._shares = shares
         self._rest_until: dict[str, float] = {}
 
-    def share(self, model: str) -> float:
-        share = self._shares.for_model(model)
+    def share(self, model: str, shadow: str | None = None) -> float:
+        """``MODEL@SHADOW=`` names the shadow version's share, ``MODEL=`` the model's."""
+        share = self._shares.for_model(model, shadow)
         return 1.0 if share is None else share
 
-    def allows(self, model: str, now: float) -> bool:
-        return self.share(model) > 0.0 and now >= self._rest_until.get(model, 0.0)
+    def allows(self, model: str, shadow: str, now: float) -> bool:
+        return self.share(model, shadow) > 0.0 and now >= self._rest_until.get(model, 0.0)
 
-    def spent(self, model: str, seconds: float, now: float) -> None:
-        share = self.share(model)
+    def spent(self, model: str, shadow: str, seconds: float, now: float) -> None:
+        share = self.share(model, shadow)
         if share > 0.0:
             self._rest_until[model] = now + seconds * (1.0 - share) / share
 
