@@ -53,7 +53,7 @@ def scrape(port: int) -> dict[str, float]:
     for family in text_string_to_metric_families(body.decode()):
         for s in family.samples:
             wanted = s.name.startswith("batchfleet_version_compute_seconds_sum") or (
-                "shadow" in s.name and "abs_diff" not in s.name)
+                "shadow" in s.name and "abs_diff" not in s.name and "_created" not in s.name)
             if wanted:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}"] = s.value
