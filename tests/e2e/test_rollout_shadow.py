@@ -150,10 +150,10 @@ async def test_a_shadow_that_waits_half_a_second_delays_no_stable_batch(redis_ur
             await store.close()
         rows = np.random.default_rng(5).standard_normal((1000, 10)).astype(np.float32)
         sent, found = 0, _counters(port)
-        deadline = time.monotonic() + 60  # liveness only: ~3 s once the policy is seen
+        deadline = time.monotonic() + 60  # liveness only: ~2 s once the policy is seen
         async with AsyncClient(redis_url) as client:
-            while (_total(found, "batchfleet_shadow_requests_total", outcome="compared") < 3
-                   or _total(found, "batchfleet_stable_batches_beside_shadow_total") < 3):
+            while (_total(found, "batchfleet_shadow_requests_total", outcome="compared") < 2
+                   or _total(found, "batchfleet_stable_batches_beside_shadow_total") < 2):
                 assert time.monotonic() < deadline, f"shadow never compared: {found}"
                 result = await client.wait(await client.submit(MODEL, rows[sent % 1000]), 30)
                 assert (result.status, result.model_version.split("/")[0]) == (
@@ -165,7 +165,7 @@ async def test_a_shadow_that_waits_half_a_second_delays_no_stable_batch(redis_ur
 
     # Stable batches were handed to compute while a shadow forward ran, and not one of
     # them waited for it to end: the shadow holds no compute slot.
-    assert _total(found, "batchfleet_stable_batches_beside_shadow_total") >= 3
+    assert _total(found, "batchfleet_stable_batches_beside_shadow_total") >= 2
     assert _total(found, "batchfleet_stable_batches_delayed_by_shadow_total") == 0
     # One shadow batch at a time, at most half the wall clock: the rest is skipped, counted.
     skipped = _total(found, "batchfleet_shadow_batches_skipped_total", model=MODEL)
@@ -173,4 +173,4 @@ async def test_a_shadow_that_waits_half_a_second_delays_no_stable_batch(redis_ur
     assert skipped == _total(found, "batchfleet_shadow_requests_total", outcome="skipped")
     assert _total(found, "batchfleet_shadow_requests_total", outcome="error") == 0
     offered = _total(found, "batchfleet_shadow_requests_total")
-    assert 3 <= offered <= sent
+    assert 2 <= offered <= sent
