@@ -119,6 +119,16 @@ class WorkerMetrics:
         self.shadow_diff = Histogram("batchfleet_shadow_abs_diff", "Largest absolute "
                                      "difference between a request's shadow and stable "
                                      "outputs", ["model"], buckets=_DIFF_BUCKETS, registry=r)
+        self.shadow_skipped = Counter("batchfleet_shadow_batches_skipped", "Stable batches "
+                                      "not shadowed (reason: budget, busy, backlog, absent, "
+                                      "stopping, overflow)", ["model", "reason"], registry=r)
+        self.beside_shadow = Counter("batchfleet_stable_batches_beside_shadow", "Batches "
+                                     "handed to compute while a shadow forward ran",
+                                     ["model"], registry=r)
+        self.delayed_by_shadow = Counter("batchfleet_stable_batches_delayed_by_shadow",
+                                         "Batches handed to compute while a shadow forward "
+                                         "ran that started only after it ended", ["model"],
+                                         registry=r)
         self.auto_rollbacks = Counter("batchfleet_rollout_auto_rollbacks", "Canaries the "
                                       "guard rolled back (counted by the worker that did it)",
                                       ["model"], registry=r)

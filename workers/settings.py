@@ -218,6 +218,12 @@ class WorkerSettings:
         "Who shares result-cache entries: owner (each API key / SDK owner its own) or shared "
         "(everyone: reveals what others sent; docs/cache.md).", per_model=True,
         metavar="[MODEL[@VERSION]=]owner|shared", parse=_one_of("owner", "shared")))
+    #: Rollout shadows (docs/rollout.md): the share of wall time each model's shadow forwards
+    #: may take on their own thread (0: never; none: no limit); a batch over it is skipped.
+    shadow_budget: PerModel[float | None] = field(default=PerModel(0.25), metadata=opt(
+        "Share of wall time a model's shadow version may run (0 to 1; none: no limit); "
+        "batches over it are not shadowed (docs/rollout.md).", per_model=True,
+        metavar="[MODEL=]FRACTION", parse=_tolerance, show="0.25"))
     #: On SIGTERM, in-flight work gets this long to finish before the worker exits anyway.
     grace_s: float = field(default=30.0, metadata=opt(
         "On SIGTERM, how long in-flight work may take to finish."))

@@ -1,23 +1,28 @@
 """Shadow runs against a real Redis and a real worker: callers see only stable outputs,
 every shadowed request is counted once (compared, skipped or error), a shadow that is
-the same model differs by exactly zero, and ``rollout report --json`` prints it all."""
+the same model differs by exactly zero, ``rollout report --json`` prints it all, and a
+shadow that waits 0.5 s per batch delays no stable batch (a worker process, /metrics)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from batchfleet.cli import app
 from batchfleet.connectors import open_result_store
 from batchfleet.connectors.model_registry import model_registry_for
 from batchfleet.connectors.rollout_stats import ShadowReport, rollout_stats_for
+from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
 from batchfleet.workers.middleware.rollout_stats import VersionStats
@@ -106,3 +111,66 @@ def test_rollout_report_without_a_shadow_is_a_one_line_error(redis_url: str) -> 
     out = CliRunner().invoke(app, ["rollout", "report", "nobody", "--broker", redis_url])
     assert out.exit_code == 1
     assert "no shadow comparisons" in out.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _counters(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The worker's /metrics: (sample name, sorted labels) -> value."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body.decode()) for s in f.samples}
+
+
+def _total(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+           **labels: str) -> float:
+    return sum(v for (n, ls), v in found.items()
+               if n == name and set(labels.items()) <= set(ls))
+
+
+async def test_a_shadow_that_waits_half_a_second_delays_no_stable_batch(redis_url: str) -> None:
+    """Sequential requests (a closed loop) while the shadow version sleeps 0.5 s per batch:
+    stable batches run beside shadow forwards, none waits for one to end, and batches over
+    the shadow's time budget (or finding its thread busy) are skipped and counted."""
+    port = _free_port()
+    models = (MODEL, f"{MODEL}@slow=tests.support.models:slow_shadow")
+    args = ("--metrics-port", str(port), "--max-wait-ms", "2", "--shadow-budget",
+            f"{MODEL}=0.5")
+    with WorkerProcess(redis_url, models=models, extra_args=args) as worker:
+        await asyncio.to_thread(worker.wait_ready)
+        store = open_result_store(redis_url, Names())
+        try:
+            await model_registry_for(store).set_policy(
+                MODEL, stable="default", shadow="slow", who="test", why="a slow shadow")
+        finally:
+            await store.close()
+        rows = np.random.default_rng(5).standard_normal((1000, 10)).astype(np.float32)
+        sent, found = 0, _counters(port)
+        deadline = time.monotonic() + 60  # liveness only: ~2 s once the policy is seen
+        async with AsyncClient(redis_url) as client:
+            while (_total(found, "batchfleet_shadow_requests_total", outcome="compared") < 2
+                   or _total(found, "batchfleet_stable_batches_beside_shadow_total") < 2):
+                assert time.monotonic() < deadline, f"shadow never compared: {found}"
+                result = await client.wait(await client.submit(MODEL, rows[sent % 1000]), 30)
+                assert (result.status, result.model_version.split("/")[0]) == (
+                    "succeeded", "default")
+                sent += 1
+                if sent % 10 == 0:
+                    found = await asyncio.to_thread(_counters, port)
+        found = await asyncio.to_thread(_counters, port)
+
+    # Stable batches were handed to compute while a shadow forward ran, and not one of
+    # them waited for it to end: the shadow holds no compute slot.
+    assert _total(found, "batchfleet_stable_batches_beside_shadow_total") >= 2
+    assert _total(found, "batchfleet_stable_batches_delayed_by_shadow_total") == 0
+    # One shadow batch at a time, at most half the wall clock: the rest is skipped, counted.
+    skipped = _total(found, "batchfleet_shadow_batches_skipped_total", model=MODEL)
+    assert _total(found, "batchfleet_shadow_batches_skipped_total", reason="budget") > 0
+    assert skipped == _total(found, "batchfleet_shadow_requests_total", outcome="skipped")
+    assert _total(found, "batchfleet_shadow_requests_total", outcome="error") == 0
+    offered = _total(found, "batchfleet_shadow_requests_total")
+    assert 2 <= offered <= sent

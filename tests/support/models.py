@@ -155,3 +155,24 @@ class FailsSome(nn.Module):
 def flaky_canary() -> TorchModuleHandler:
     """Served as a version: ``--model demo-mlp@flaky=tests.support.models:flaky_canary``."""
     return TorchModuleHandler("flaky", FailsSome(), input_spec=TensorSpec("float32", (10,)))
+
+
+#: How long the slow shadow waits per forward.
+SHADOW_WAIT_S = 0.5
+
+
+class WaitsThenMLP(nn.Module):
+    """demo-mlp after a 0.5 s wait per batch, as a GPU-bound or remote model waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(SHADOW_WAIT_S)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def slow_shadow() -> TorchModuleHandler:
+    """Served as a version: ``--model demo-mlp@slow=tests.support.models:slow_shadow``."""
+    return TorchModuleHandler("slow", WaitsThenMLP(), input_spec=TensorSpec("float32", (10,)))

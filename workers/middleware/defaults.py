@@ -55,7 +55,8 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
     versions = VersionStats(metrics, policies)
-    chain += [versions, Shadow(metrics, policies, versions), RolloutGuard(metrics, policies)]
+    chain += [versions, Shadow(metrics, policies, versions, budget=s.shadow_budget),
+              RolloutGuard(metrics, policies)]
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:

@@ -2,10 +2,12 @@
 
 A stable batch's inputs and outputs are kept from ``after_compute`` until its results
 are written and acked (``after_complete``); only then does the shadow version run on
-the copy, in the compute thread, so it can never hold a stable result back. It is
-skipped, and counted as skipped, whenever stable work is backed up: a full batch
-waiting in the batcher, the pending writes at their cap, or a shadow run still going
-(one at a time, so at most one shadow forward ever sits ahead of a stable batch).
+the copy, on a thread of its own (``shadow_thread``), never in the compute thread, so
+a slow shadow can never hold a stable batch back. A batch is skipped, and counted as
+skipped with its reason, when the shadow thread is busy (one shadow batch at a time),
+the model's shadow is resting under its time budget (``--shadow-budget``), stable work
+is backed up (a full batch waiting in the batcher, the pending writes at their cap: a
+CPU-bound shadow shares the cores), or this worker does not hold the shadow version.
 Shadow outputs go nowhere but the comparison: never a result, never an answer.
 
 Every stable request of a model whose policy names a shadow is counted exactly once:
@@ -40,7 +42,15 @@ from batchfleet.workers.middleware.rollout_stats import (
     batch_label,
     worker_versions,
 )
+from batchfleet.workers.middleware.shadow_thread import (
+    DEFAULT_BUDGET,
+    ShadowBudget,
+    ShadowThread,
+    Span,
+    delayed_by,
+)
 from batchfleet.workers.models import ModelHandler
+from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun, bisect_run
 
 if TYPE_CHECKING:
@@ -71,7 +81,7 @@ class Copy:
 
 def run_shadow(handler: ModelHandler, inputs: Sequence[Tensors]
                ) -> tuple[list[Tensors | BaseException], float]:
-    """The shadow forward (compute thread): per-request outputs or errors, and its ms."""
+    """The shadow forward (shadow thread): per-request outputs or errors, and its ms."""
     def forward(part: Sequence[Tensors]) -> list[Tensors]:
         return handler.postprocess(handler.predict(handler.preprocess(part)), len(part))
 
@@ -82,8 +92,13 @@ def run_shadow(handler: ModelHandler, inputs: Sequence[Tensors]
 
 class Shadow(Middleware):
     def __init__(self, metrics: WorkerMetrics, policies: PolicyCache, versions: VersionStats,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0,
+                 budget: PerModel[float | None] = DEFAULT_BUDGET) -> None:
         self._metrics = metrics
+        self._thread = ShadowThread()
+        self._budget = ShadowBudget(budget)
+        #: Batches handed to compute while a shadow forward ran: id(batch) -> that forward.
+        self._handed: dict[int, Span] = {}
         self._policies = policies
         self._versions = versions
         self._every_s = every_s
@@ -99,8 +114,21 @@ class Shadow(Middleware):
         self._worker = worker
         self._stats = rollout_stats_for(worker.store)
 
+    async def before_compute(self, batch: Batch) -> bool:
+        if self._thread.current is not None:
+            self._handed[id(batch)] = self._thread.current
+        return True
+
+    async def on_dropped(self, batch: Batch) -> None:
+        self._handed.pop(id(batch), None)
+
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         model, label = batch.key.model, batch_label(batch)
+        span = self._handed.pop(id(batch), None)
+        if span is not None:  # any model's batch: shadow work must delay none of them
+            self._metrics.beside_shadow.labels(model).inc()
+            if delayed_by(span, run.started_at):
+                self._metrics.delayed_by_shadow.labels(model).inc()
         policy = self._policies.get(model)
         if policy is None or policy.shadow is None or label != policy.stable:
             return
@@ -114,7 +142,7 @@ class Shadow(Middleware):
         for rid in copy.request_ids:
             self._waiting[rid] = copy
         while len(self._waiting) > MAX_WAITING:  # completions lost (grace over): bound it
-            self._skip(self._waiting[next(iter(self._waiting))])
+            self._skip(self._waiting[next(iter(self._waiting))], "overflow")
 
     def after_complete(self, done: Completed) -> None:
         copies = {id(c): c for a in done.answers
@@ -122,10 +150,19 @@ class Shadow(Middleware):
         for copy in copies.values():
             for rid in copy.request_ids:
                 self._waiting.pop(rid, None)
-            if self._running is not None or self._backed_up():
-                self._skip(copy)
+            reason = self._skip_reason(copy)
+            if reason:
+                self._skip(copy, reason)
             else:
                 self._running = asyncio.get_running_loop().create_task(self._run(copy))
+
+    def _skip_reason(self, copy: Copy) -> str:
+        """Why this copy is not shadowed now ("" when it may run)."""
+        if self._running is not None or self._thread.busy:
+            return "busy"
+        if not self._budget.allows(copy.model, copy.shadow, time.monotonic()):
+            return "budget"
+        return "backlog" if self._backed_up() else ""
 
     def _backed_up(self) -> bool:
         """A full batch waits for compute, or the writes are at their cap."""
@@ -146,18 +183,19 @@ class Shadow(Middleware):
                                                                            copy.shadow))
         return held[1]
 
-    def _skip(self, copy: Copy) -> None:
+    def _skip(self, copy: Copy, reason: str) -> None:
         for rid in copy.request_ids:
             self._waiting.pop(rid, None)
         self._delta(copy).skipped += len(copy.request_ids)
         self._metrics.shadow_requests.labels(copy.model, "skipped").inc(len(copy.request_ids))
+        self._metrics.shadow_skipped.labels(copy.model, reason).inc()
 
     async def _run(self, copy: Copy) -> None:
         try:
             await self._compare(copy)
-        except RuntimeError as exc:  # the compute thread was shut down (stopping)
-            log.info("shadow run skipped", model=copy.model, error=str(exc))
-            self._skip(copy)
+        except asyncio.CancelledError:  # stopping, with the shadow forward still running
+            self._skip(copy, "stopping")
+            raise
         finally:
             self._running = None
 
@@ -165,11 +203,10 @@ class Shadow(Middleware):
         assert self._worker is not None
         handler = worker_versions(self._worker).get(copy.model, {}).get(copy.shadow)
         if handler is None:  # the shadow lives on another pool: nothing to run it on here
-            self._skip(copy)
+            self._skip(copy, "absent")
             return
-        executor = self._worker.compute._executor  # one compute thread: shadow queues there
-        outputs, shadow_ms = await asyncio.get_running_loop().run_in_executor(
-            executor, run_shadow, handler, copy.inputs)
+        outputs, shadow_ms = await self._thread.run(lambda: run_shadow(handler, copy.inputs))
+        self._budget.spent(copy.model, copy.shadow, shadow_ms / 1000.0, time.monotonic())
         delta, m = self._delta(copy), self._metrics
         errors = 0
         for stable, shadow in zip(copy.outputs, outputs, strict=True):
@@ -198,10 +235,15 @@ class Shadow(Middleware):
             await self.flush()
 
     async def on_stop(self, worker: Worker) -> None:
-        if self._running is not None:  # a shadow run is bounded by one forward
-            await asyncio.wait({self._running}, timeout=worker.settings.grace_s)
+        running = self._running
+        if running is not None:  # a shadow run is bounded by one forward
+            await asyncio.wait({running}, timeout=worker.settings.grace_s)
+            if not running.done():  # a wedged shadow: its thread is a daemon, left behind
+                running.cancel()
+                await asyncio.wait({running})
+        self._thread.shutdown()
         for copy in {id(c): c for c in self._waiting.values()}.values():
-            self._skip(copy)
+            self._skip(copy, "stopping")
         await self.flush()
 
     async def flush(self) -> None:
