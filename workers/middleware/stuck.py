@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.schemas.registry import DEFAULT_LABEL
 from batchfleet.workers.middleware.base import Middleware
 
 if TYPE_CHECKING:
@@ -56,9 +57,10 @@ class StuckCompute(Middleware):
     def vitals(self) -> dict[str, Any]:
         if self._worker is None:
             return {}
-        compute = self._worker.compute
+        compute, default = self._worker.compute, "@" + DEFAULT_LABEL
+        limits = compute.limits.snapshot(compute.lanes)  # "model" for an unlabelled version
         return {"stuck_compute": {m: round(s, 1) for m, s in self.stuck().items()},
-                "compute_limits_s": compute.limits.snapshot(compute.lanes)}
+                "compute_limits_s": {k.removesuffix(default): v for k, v in limits.items()}}
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._watch()]
