@@ -208,3 +208,28 @@ async def test_a_generation_lua_cannot_compare_gets_a_failed_result_naming_it(
     assert "generation" in result.error.message and "2^53-1" in result.error.message
     assert result.generation == 0
     assert worker.stats.failed == 1 and worker.stats.computed == 0
+
+
+async def test_a_request_implicated_in_a_stall_elsewhere_is_quarantined_on_its_next(
+        redis_url: str) -> None:
+    """Stall counts are durable: a request that stalled a batch on a worker that then died
+    is quarantined the first time it stalls alone on another, not run alone again."""
+    from batchfleet.connectors import open_result_store
+    from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+    from batchfleet.workers.per_model import PerModel
+    from tests.support.models import SLOW, Sleepy
+
+    async with AsyncClient(redis_url, check_model=False) as client:
+        rid = await client.submit("slow", np.full(10, SLOW, np.float32))
+        store = open_result_store(redis_url, Names("bf"))
+        try:
+            assert await store.note_stalls([rid]) == [1]  # the first worker's stall
+        finally:
+            await store.close()
+        slow = TorchModuleHandler("slow", Sleepy(), input_spec=TensorSpec("float32", (10,)))
+        async with running_worker(redis_url, handlers={"slow": slow},
+                                  compute_timeout_s=PerModel(0.5)) as worker:
+            result = await client.wait(rid, timeout=20)
+            assert worker.compute._aside is None  # quarantined without running alone again
+    assert result.status == "failed" and result.error is not None
+    assert result.error.type == "stalled" and "stalled compute 2 times" in result.error.message
