@@ -60,7 +60,8 @@ class StuckCompute(Middleware):
         compute, default = self._worker.compute, "@" + DEFAULT_LABEL
         limits = compute.limits.snapshot(compute.lanes)  # "model" for an unlabelled version
         return {"stuck_compute": {m: round(s, 1) for m, s in self.stuck().items()},
-                "compute_limits_s": {k.removesuffix(default): v for k, v in limits.items()}}
+                "compute_limits_s": {k.removesuffix(default): v for k, v in limits.items()},
+                "stalled_quarantined": self._worker.containment.quarantined}
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._watch()]
