@@ -70,10 +70,15 @@ class ComputeLimits:
 
 
 def parse_limit(value: str) -> float | None:
-    """``--compute-timeout-s`` value: seconds, or ``auto`` (learned; the default)."""
-    if value.strip().lower() in ("auto", ""):
+    """``--compute-timeout-s`` value: seconds, or ``auto`` (learned; the default). ``none``
+    is read as ``auto`` too: it is how settings print None (``--print-config`` must read
+    back), and it once meant "no limit", which no longer exists."""
+    if value.strip().lower() in ("auto", "none", ""):
         return None
-    seconds = float(value)
-    if not seconds > 0:
-        raise ValueError("must be positive seconds or auto")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError("must be positive seconds or auto (every batch has a limit)")
     return seconds

@@ -247,8 +247,8 @@ class WorkerSettings:
     #: (workers/containment.py); None (auto): learned per model (workers/compute_limits.py).
     compute_timeout_s: PerModel[float | None] = field(default=PerModel(None), metadata=opt(
         "Seconds a batch may compute before it is split and retried, and a request that "
-        "stalls twice is quarantined; auto: 10x the model's p99 batch time, at least 10 s "
-        "(120 s before 5 batches).", per_model=True, metavar="[MODEL=]S|auto",
+        "stalls twice is quarantined; auto (or none): 10x the model's p99 batch time, at "
+        "least 10 s (120 s before 5 batches).", per_model=True, metavar="[MODEL=]S|auto",
         parse=parse_limit, show="auto", panel="Failures"))
     #: A compute thread still stuck this long after its batch was abandoned: the worker
     #: drains and exits with EXIT_STUCK (75) for its supervisor to restart it.

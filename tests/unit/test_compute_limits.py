@@ -46,12 +46,12 @@ def test_the_learned_limit_follows_a_slower_model_within_a_refresh() -> None:
     assert limits.limit_s("m@default") == pytest.approx(30.0)
 
 
-@pytest.mark.parametrize(("raw", "value"), [("auto", None), ("", None), ("2.5", 2.5)])
+@pytest.mark.parametrize(("raw", "value"), [("auto", None), ("none", None), ("", None), ("2.5", 2.5)])
 def test_parse_limit(raw: str, value: float | None) -> None:
     assert parse_limit(raw) == value
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "none-such"])
+@pytest.mark.parametrize("raw", ["0", "-1", "never", "inf"])
 def test_parse_limit_refuses(raw: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="positive seconds or auto"):
         parse_limit(raw)
