@@ -46,7 +46,8 @@ def test_the_learned_limit_follows_a_slower_model_within_a_refresh() -> None:
     assert limits.limit_s("m@default") == pytest.approx(30.0)
 
 
-@pytest.mark.parametrize(("raw", "value"), [("auto", None), ("none", None), ("", None), ("2.5", 2.5)])
+@pytest.mark.parametrize(("raw", "value"),
+                         [("auto", None), ("none", None), ("", None), ("2.5", 2.5)])
 def test_parse_limit(raw: str, value: float | None) -> None:
     assert parse_limit(raw) == value
 
