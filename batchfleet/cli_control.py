@@ -216,7 +216,7 @@ def purge(
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # no_worker | stalled | breaker_open
+    kind: str  # no_worker | stalled | breaker_open | compute_stuck
     model: str
     lane: str | None
     message: str
@@ -225,8 +225,9 @@ class Problem:
 def fleet_problems(snap: FleetSnapshot, stalled_after_s: float,
                    models: Sequence[str] = ()) -> list[Problem]:
     """What ``check`` reports: a model with no live worker, a lane whose oldest request is
-    older than ``stalled_after_s`` while nothing finishes (no throughput), an open breaker.
-    ``models`` limits it to those (every known model when empty). Pure."""
+    older than ``stalled_after_s`` while nothing finishes (no throughput), an open breaker,
+    a worker's compute thread stuck past its limit. ``models`` limits it to those (every
+    known model when empty). Pure."""
     problems: list[Problem] = []
     seen: set[str] = set()
     for lane in snap.lanes:
@@ -251,6 +252,13 @@ def fleet_problems(snap: FleetSnapshot, stalled_after_s: float,
                 "stalled", lane.model, lane.lane,
                 f"{lane.model}/{lane.lane}: stalled, {lane.depth} queued, oldest "
                 f"{age:,.0f}s old and nothing finishing"))
+    for w in snap.workers:
+        for name, stuck_s in sorted(w.stuck_compute.items()):
+            if not models or name in models:
+                problems.append(Problem(
+                    "compute_stuck", name, None,
+                    f"{name}: compute stuck for {stuck_s:,.0f}s past its limit on worker "
+                    f"{w.worker_id} (not fetching it there)"))
     for model in models:
         if model not in seen:
             problems.append(Problem("no_worker", model, None,
@@ -273,7 +281,8 @@ def check(
     no_headers: NoHeadersOpt = False,
 ) -> None:
     """Health check for probes and cron: exit non-zero when a model has no live worker, a
-    lane is stalled, or a breaker is open. One line per problem.
+    lane is stalled, a breaker is open, or a worker's compute thread is stuck. One line
+    per problem.
 
     Exit code: 0 healthy, 1 problems found or the fleet cannot be read, 2 bad usage.
 

@@ -8,7 +8,8 @@ one module with an ``open_*`` function plus one line in :data:`FACTORIES`.
 * :class:`Results` — pending records and first-terminal-wins writes, reads, replay.
 * :class:`Announcements` — subscribe to the IDs finished for one client (the
   publish happens inside the winning terminal write, so a lost write is silent).
-* :class:`DeliveryLedger` — durable delivery counts and solo runs (crash loops).
+* :class:`DeliveryLedger` — durable delivery counts, solo runs (crash loops) and
+  compute stalls (hangs).
 * :class:`LaneLosses` — lanes recreated after the broker lost their entries.
 * :class:`DeadLetters` / :class:`UndecodableLetters` — exhausted and unreadable messages.
 * :class:`RetrySchedule` — retries waiting for their backoff to pass.
@@ -72,6 +73,7 @@ class DeliveryLedger(Protocol):
     async def count_deliveries(self, counted: Sequence[tuple[str, int]]
                                ) -> list[DeliveryCount]: ...
     async def mark_solo(self, request_id: str, started: bool, attempt: int = 1) -> None: ...
+    async def note_stalls(self, request_ids: Sequence[str]) -> list[int]: ...
 
 
 class LaneLosses(Protocol):

@@ -87,6 +87,8 @@ class WorkerView:
     counters: dict[str, int]
     #: Per "model/lane": backlog, oldest_age_s, time_to_drain_s, p99_ms, as the worker saw them.
     lanes: dict[str, dict[str, float | None]] = field(repr=False)
+    #: Model -> seconds a compute thread of it has been stuck past its limit (none: {}).
+    stuck_compute: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,9 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         seen_s_ago=max(0.0, now - record.seen_at) if record.seen_at else None,
         up_s=max(0.0, now - record.started_at) if record.started_at else None,
         counters={k: int(record.counters.get(k) or 0) for k in COUNTERS},
-        lanes=dict(record.lanes))
+        lanes=dict(record.lanes),
+        stuck_compute={str(k): float(v)
+                       for k, v in (record.extra.get("stuck_compute") or {}).items()})
 
 
 def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:

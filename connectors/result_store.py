@@ -387,6 +387,20 @@ class ResultStore:
                 pipe.hset(key, "deliveries", attempt)
                 await pipe.execute()
 
+    async def note_stalls(self, request_ids: Sequence[str]) -> list[int]:
+        """Count one more compute stall of each request durably; returns each one's count.
+
+        A stall is a batch that overran its compute limit. Kept in the result record so a
+        request implicated twice is quarantined whichever workers saw it stall
+        (``workers.containment``). One non-transactional pipeline: each key is its own."""
+        if not request_ids:
+            return []
+        with wrap_errors(ResultStoreError, "cannot record compute stalls"):
+            pipe = self._redis.pipeline(transaction=False)
+            for rid in request_ids:
+                pipe.hincrby(self._names.result(rid), "stalls", 1)
+            return [int(n) for n in await pipe.execute()]
+
     async def reopen_for_replay(self, records: Sequence[tuple[str, bytes]]) -> list[int]:
         """Turn ``failed`` records back to ``pending`` under a new generation, for DLQ replay.
 

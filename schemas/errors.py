@@ -97,6 +97,13 @@ class ComputeTimeoutError(ModelError):
     wire_type = "timeout"
 
 
+class StalledError(ComputeTimeoutError):
+    """A request stalled the compute thread twice: quarantined (DLQ), never handed on."""
+
+    wire_type = "stalled"
+    retryable = False
+
+
 class OutOfMemoryError(ModelError):
     """The device ran out of memory; the batch is split and retried smaller."""
 

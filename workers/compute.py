@@ -1,9 +1,13 @@
-"""The compute thread: one forward at a time, off the event loop, under a timeout.
+"""The compute thread: one forward at a time, off the event loop, under a limit.
 
 torch releases the GIL, so the loop keeps fetching and writing while a batch
-computes. A thread cannot be killed: a batch past ``compute_timeout_s`` is
-abandoned to a fresh thread's successor and its requests fail retryably; a
-forward running longer than ``claim_idle_ms`` counts as stalled (leases lapse).
+computes. Every batch runs under its model's compute limit (``compute_limits``:
+``--compute-timeout-s`` or learned from the model's own batch times). A Python
+thread cannot be interrupted or killed, least of all inside C (a CUDA kernel, a
+driver call, a ``time.sleep``): a batch past its limit is *abandoned* with its
+thread, which is kept as *stuck* until it returns, and the next batch gets a fresh
+thread. ``run_aside`` is a second thread, for re-running a stalled batch's requests
+one by one (``workers.containment``) while the main thread serves other batches.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import torch
 
 from batchfleet.schemas.errors import ComputeTimeoutError
+from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.intake import Job
 from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.runner import BatchRun, ModelRunner
@@ -28,13 +35,24 @@ THREAD_PREFIX = "compute"
 log = structlog.get_logger("batchfleet.worker")
 
 
+@dataclass(slots=True)
+class Stuck:
+    """A thread abandoned inside a forward that overran its limit."""
+
+    lane: str
+    #: ``time.monotonic()`` when it was abandoned (its batch's limit had passed).
+    since: float
+    future: asyncio.Future[Any]
+
+
 class ComputeThread:
     def __init__(self, handlers: Mapping[str, ModelHandler], device: torch.device,
-                 timeout_s: float | None, stall_ms: int) -> None:
+                 limits: ComputeLimits | None = None) -> None:
         self._runner = ModelRunner(handlers, device)
-        self._timeout_s, self._stall_ms = timeout_s, stall_ms
-        self._executor = _pool()
-        self._since: float | None = None  # monotonic start of the running forward
+        self.limits = limits or ComputeLimits()
+        self._executor = _pool()  # the main thread (the shadow queues its runs here too)
+        self._aside: ThreadPoolExecutor | None = None
+        self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
 
@@ -42,41 +60,79 @@ class ComputeThread:
     def device(self) -> torch.device:
         return self._runner.device
 
+    @property
+    def lanes(self) -> list[str]:
+        return list(self._runner.handlers)
+
     async def setup(self) -> dict[str, float]:
         """Load and warm up every model in the compute thread; seconds per model."""
         return await asyncio.get_running_loop().run_in_executor(self._executor,
                                                                 self._runner.setup)
 
     async def run(self, model: str, jobs: Sequence[Job]) -> BatchRun:
-        """Run one batch in the compute thread, under the compute timeout if one is set."""
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._runner.run, model,
-                                      [j.request.inputs for j in jobs])
-        self._since, self.computing = time.monotonic(), (model, len(jobs))
+        """Run one batch on the main thread, under the model's limit. Past it, the batch
+        comes back ``stalled`` (every request a retryable ``ComputeTimeoutError``) and the
+        main thread is replaced."""
+        self.computing = (model, len(jobs))
         try:
-            return await asyncio.wait_for(future, self._timeout_s)
-        except TimeoutError:
-            # Abandon the thread to finish on its own and carry on with a fresh one. Its
-            # late output is discarded; the requests are retried.
-            self._executor.shutdown(wait=False)
-            self._executor = _pool()
-            error = ComputeTimeoutError(f"batch of {len(jobs)} took longer than "
-                                        f"{self._timeout_s}s")
-            return BatchRun([error] * len(jobs), time.time(), float(self._timeout_s or 0), 1)
+            run = await self._run(self._executor, model, jobs)
         finally:
-            self._since, self.computing = None, ("", 0)
+            self.computing = ("", 0)
+        if run.stalled:
+            self._executor = _pool()
+        return run
 
-    def stalled(self) -> bool:
-        """One forward running longer than ``claim_idle_ms``: the thread may be wedged."""
-        since = self._since
-        return since is not None and (time.monotonic() - since) * 1000.0 > self._stall_ms
+    async def run_aside(self, model: str, jobs: Sequence[Job]) -> BatchRun:
+        """Like :meth:`run`, on the second thread (replaced in turn when it stalls)."""
+        if self._aside is None:
+            self._aside = _pool("compute-aside")
+        run = await self._run(self._aside, model, jobs)
+        if run.stalled:
+            self._aside = None
+        return run
+
+    async def _run(self, executor: ThreadPoolExecutor, model: str,
+                   jobs: Sequence[Job]) -> BatchRun:
+        limit = self.limits.limit_s(model)
+        future = asyncio.get_running_loop().run_in_executor(
+            executor, self._runner.run, model, [j.request.inputs for j in jobs])
+        try:
+            # shielded: the future stays ours, and says when an abandoned thread returns
+            run = await asyncio.wait_for(asyncio.shield(future), limit)
+        except TimeoutError:
+            executor.shutdown(wait=False)  # its thread exits once the forward returns
+            future.add_done_callback(_retrieve)
+            self._stuck.append(Stuck(model, time.monotonic(), future))
+            log.warning("compute stalled: batch past its limit; its thread is abandoned",
+                        model=model, size=len(jobs), limit_s=round(limit, 3))
+            error = ComputeTimeoutError(f"batch of {len(jobs)} took longer than {limit:g}s")
+            return BatchRun([error] * len(jobs), time.time() - limit, limit, 1, stalled=True)
+        self.limits.record(model, run.compute_s)
+        return run
+
+    def stuck(self) -> dict[str, float]:
+        """Lanes with a thread still stuck, and for how long since it was abandoned (the
+        longest, where a lane has several). A thread that returned is forgotten."""
+        self._stuck = [s for s in self._stuck if not s.future.done()]
+        now, out = time.monotonic(), dict[str, float]()
+        for s in self._stuck:
+            out[s.lane] = max(out.get(s.lane, 0.0), now - s.since)
+        return out
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._aside is not None:
+            self._aside.shutdown(wait=False, cancel_futures=True)
 
 
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """An abandoned forward's late outcome is discarded; read it so asyncio does not warn."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _pool(prefix: str = THREAD_PREFIX) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=prefix)
 
 
 def compute_threads_outlive(wait_s: float) -> bool:
@@ -91,11 +147,12 @@ def compute_threads_outlive(wait_s: float) -> bool:
         time.sleep(0.02)
 
 
-def leave_wedged_forward_behind(wait_s: float = 0.5) -> None:
+def leave_wedged_forward_behind(wait_s: float = 0.5, exit_code: int = 0) -> None:
     """At exit, after the loop stopped: a forward cannot be interrupted and interpreter exit
     would join its thread, so a wedged one would hold the process past the grace period.
-    Leave it behind; its requests were not acked and are redelivered."""
+    Leave it behind; its requests were answered, retried or left unacked (redelivered)."""
     if compute_threads_outlive(wait_s):
-        log.warning("exiting with a forward still running; its requests are redelivered")
+        log.warning("exiting with a forward still running; its requests are redelivered",
+                    exit_code=exit_code)
         atexit._run_exitfuncs()  # flush the log writer, as a normal exit would
-        os._exit(0)
+        os._exit(exit_code)

@@ -6,7 +6,8 @@ hold entries longer than that without being dead: buffered behind an open
 breaker, computing a slow batch, or waiting on a store that is down. So the
 worker tracks every delivery from the moment it accepts it until it is acked
 (or dropped at shutdown), and :meth:`Leases.run` refreshes their idle time at a
-third of ``claim_idle_ms``; only a dead or stalled worker's entries go idle.
+third of ``claim_idle_ms``; only a dead worker's entries (or one whose event loop
+is blocked) go idle.
 
 The same set stops a worker from taking its own entries twice: a delivery whose
 token it already holds (its own reclaim, or a Kafka re-fetch after a
@@ -16,7 +17,7 @@ rebalance) is skipped at intake.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -62,26 +63,18 @@ class Leases:
         if self._held:
             await self._consumer.keep_alive(self.held())
 
-    async def run(self, stalled: Callable[[], bool] = lambda: False) -> None:
+    async def run(self) -> None:
         """Refresh until cancelled, draining included. A failed refresh is retried at the
         next tick: a lease needs one success per ``claim_idle_ms`` and gets three tries.
 
-        While ``stalled()`` (a batch has been computing for longer than ``claim_idle_ms``,
-        so the compute thread may be wedged), leases are left to lapse: a live event loop
-        alone must not keep a stuck worker's entries from the rest of the fleet.
+        Leases are kept while a batch computes, however long: every batch has a compute
+        limit (``workers.compute_limits``), past which this worker splits it and answers,
+        retries or quarantines its requests itself. Letting the leases lapse instead would
+        hand a hanging request to the next worker, to hang it too.
         """
-        was_stalled = False
         while True:
-            now_stalled = stalled()
-            if now_stalled != was_stalled:
-                (log.warning if now_stalled else log.info)(
-                    "compute stalled: letting leases lapse so others can reclaim"
-                    if now_stalled else "compute moving again: leases refreshed",
-                    held=len(self._held))
-                was_stalled = now_stalled
             try:
-                if not now_stalled:
-                    await self.refresh()
+                await self.refresh()
             except BatchfleetError as exc:
                 log.warning("lease refresh failed; retrying", error=str(exc),
                             held=len(self._held))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 async def readiness(worker: Worker) -> tuple[bool, dict[str, Any]]:
     """Ready: warmed up and not stopping, broker and store answering, and every middleware
-    agreeing (no breaker open)."""
+    agreeing (no breaker open, no compute thread stuck)."""
     checks = {"warmed_up": worker.ready.is_set() and not worker.stopping.is_set(),
               "result_store": await within(worker.store.ping(), 1.0),
               "broker": worker.fetch_failures == 0, **worker.hooks.readiness()}
@@ -29,8 +29,8 @@ async def readiness(worker: Worker) -> tuple[bool, dict[str, Any]]:
     except (BatchfleetError, TimeoutError):
         pass
     vitals = worker.hooks.vitals()
-    breakers: dict[str, Any] = {k: vitals[k] for k in ("breakers", "model_breakers")
-                                if k in vitals}
+    breakers: dict[str, Any] = {k: vitals[k] for k in (
+        "breakers", "model_breakers", "stuck_compute", "compute_limits_s") if k in vitals}
     return all(checks.values()), {"checks": checks, **breakers, **redis}
 
 

@@ -29,7 +29,7 @@ from batchfleet.connectors.broker import OutboundMessage, Publisher
 from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
 from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
 from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
-from batchfleet.schemas.errors import BatchfleetError, DecodeError
+from batchfleet.schemas.errors import BatchfleetError, DecodeError, StalledError
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.failures import Disposition
 from batchfleet.workers.intake import Job, answer_without_compute
@@ -42,6 +42,8 @@ log = structlog.get_logger("batchfleet.retry")
 
 #: Errors that skip retries and go straight to the DLQ.
 CRASH_LOOP = "crash_loop"
+#: A request that stalled compute twice (``workers.containment``): also straight to the DLQ.
+STALLED = StalledError.wire_type
 
 Action = Literal["retry", "dead_letter", "fail"]
 
@@ -68,8 +70,8 @@ class RetryConfig:
 
 def decide(error: ErrorInfo, attempt: int, config: RetryConfig) -> Action:
     """Retry a retryable error while attempts remain; otherwise fail, via the DLQ if it was
-    worth retrying (or crash-looped), directly if it never was (bad input)."""
-    if error.type == CRASH_LOOP:
+    worth retrying (or crash-looped, or stalled twice), directly if it never was (bad input)."""
+    if error.type in (CRASH_LOOP, STALLED):
         return "dead_letter"
     if not error.retryable:
         return "fail"

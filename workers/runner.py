@@ -54,6 +54,8 @@ class BatchRun:
     started_at: float
     compute_s: float
     forwards: int
+    #: It overran its compute limit and was abandoned (``workers.compute``).
+    stalled: bool = False
 
 
 class ModelRunner:

@@ -46,6 +46,7 @@ from batchfleet.connectors.result_store import DEFAULT_TTL_S
 from batchfleet.connectors.urls import BrokerURL, results_url_for
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
+from batchfleet.workers.compute_limits import parse_limit
 from batchfleet.workers.per_model import PerModel, parse_per_model
 
 #: Prefix of every environment variable.
@@ -254,9 +255,18 @@ class WorkerSettings:
     quarantine_after: int = field(default=3, metadata=opt(
         "Quarantine a request to the DLQ after this many deliveries that died.",
         panel="Failures"))
-    #: A batch computing longer than this fails (retryably); None: no limit.
-    compute_timeout_s: float | None = field(default=None, metadata=opt(
-        "A batch running longer fails (and is retried); none: no limit.", panel="Failures"))
+    #: A batch computing longer than this is split, its hanging request quarantined
+    #: (workers/containment.py); None (auto): learned per model (workers/compute_limits.py).
+    compute_timeout_s: PerModel[float | None] = field(default=PerModel(None), metadata=opt(
+        "Seconds a batch may compute before it is split and retried, and a request that "
+        "stalls twice is quarantined; auto (or none): 10x the model's p99 batch time, at "
+        "least 10 s (120 s before 5 batches).", per_model=True, metavar="[MODEL=]S|auto",
+        parse=parse_limit, show="auto", panel="Failures"))
+    #: A compute thread still stuck this long after its batch was abandoned: the worker
+    #: drains and exits with EXIT_STUCK (75) for its supervisor to restart it.
+    stuck_exit_s: float = field(default=120.0, metadata=opt(
+        "A compute thread stuck this long past its limit makes the worker drain and exit "
+        "75, for its supervisor to restart it.", panel="Failures"))
     #: Circuit breakers: trip after this many failures in a row, probe after the cooldown.
     breaker_failures: int = field(default=5, metadata=opt(
         "Circuit breakers open after this many failures in a row.", panel="Failures"))
@@ -386,8 +396,8 @@ class WorkerSettings:
             raise ConfigError("max_attempts, quarantine_after and breaker_failures must be >= 1")
         if any(i < 0 for i in self.webhook_retry_intervals):
             raise ConfigError("webhook_retry_intervals must not be negative")
-        if self.compute_timeout_s is not None and self.compute_timeout_s <= 0:
-            raise ConfigError("compute_timeout_s must be positive")
+        if self.stuck_exit_s <= 0:
+            raise ConfigError("stuck_exit_s must be positive")
         for option in setting_options(WorkerSettings):
             if option.opt.per_model:
                 option.get(self).check_models(self.model_names, option.flag)

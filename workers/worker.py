@@ -31,6 +31,8 @@ from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.batching import MicroBatcher, gather_pause_s
 from batchfleet.workers.completion import ResultWriter
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
+from batchfleet.workers.compute_limits import ComputeLimits
+from batchfleet.workers.containment import Containment
 from batchfleet.workers.device import resolve_device
 from batchfleet.workers.failures import FailurePolicy
 from batchfleet.workers.intake import Answer, Job
@@ -40,6 +42,7 @@ from batchfleet.workers.middleware.routing import lanes, model_version, registry
 from batchfleet.workers.middleware.slo import close_policy
 from batchfleet.workers.models import ModelHandler, load_versions, per_model, slots, version_lane
 from batchfleet.workers.retry import default_policy
+from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
 
 log = structlog.get_logger("batchfleet.worker")
@@ -80,7 +83,12 @@ class Worker(DefaultViews):
             s.max_batch_size, s.max_wait_ms / 1000.0, priority=lambda key: key.lane_rank,
             policy=close_policy(self.hooks), enqueued_at=lambda job: job.request.enqueued_at)
         self.compute = ComputeThread(slots(self.versions), resolve_device(s.device),
-                                     s.compute_timeout_s, s.claim_idle_ms)
+                                     ComputeLimits(s.compute_timeout_s))
+        self.containment = Containment(self.compute, self._note_stalls)
+        #: Stalled batches being split beside the compute loop (``workers.containment``).
+        self._contained: set[asyncio.Task[None]] = set()
+        #: The process's exit code once stopped (``middleware.stuck``: a thread stuck for good).
+        self.exit_code = 0
         # a slow store pushes back; an unexpected error stops the worker (redelivery heals)
         self._completions = aio.BoundedTasks(s.max_pending_writes, self._completion_crashed)
         self._crashed: BaseException | None = None
@@ -90,7 +98,9 @@ class Worker(DefaultViews):
     def run(self) -> None:
         """Run until SIGTERM/SIGINT, then drain gracefully (production entry point)."""
         aio.run_until_signalled(self.async_run, self.request_stop)
-        leave_wedged_forward_behind()
+        leave_wedged_forward_behind(exit_code=self.exit_code)
+        if self.exit_code:
+            raise SystemExit(self.exit_code)
 
     def request_stop(self) -> None:
         """Stop fetching, finish what is in flight, write, ack, exit (within ``grace_s``)."""
@@ -167,7 +177,7 @@ class Worker(DefaultViews):
         except TimeoutError:
             log.error("grace period over: exiting with work in flight; it will be redelivered",
                       grace_s=self.settings.grace_s, buffered=len(self.batcher))
-            for task in (fetch, compute, *self._completions.tasks):
+            for task in (fetch, compute, *self._contained, *self._completions.tasks):
                 task.cancel()
         finally:
             for side_task in (*side, stop_wait):
@@ -186,6 +196,8 @@ class Worker(DefaultViews):
 
     async def _drain(self, fetch: asyncio.Task[None], compute: asyncio.Task[None]) -> None:
         await asyncio.gather(fetch, compute, return_exceptions=True)
+        while self._contained:  # each spawns its completion when done
+            await asyncio.gather(*self._contained, return_exceptions=True)
         await self._completions.drain()
 
     # --- fetch -------------------------------------------------------------------
@@ -280,13 +292,38 @@ class Worker(DefaultViews):
                 await self._spawn_completion(*batch.take_answered())
             if not go:
                 continue
-            model, label, jobs = batch.key.model, batch.key.version, batch.jobs
-            run = await self.compute.run(version_lane(model, label), jobs)
-            await self.hooks.after_compute(batch, run)
-            version = model_version(label, self.versions[model][label])
-            answers, failed = intake.answers_from_run(model, version, jobs, run)
-            more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
-            await self._spawn_completion(answers + more, [*failed, *more_failed])
+            lane = version_lane(batch.key.model, batch.key.version)
+            run = await self.compute.run(lane, batch.jobs)
+            if run.stalled:  # split beside this loop, which goes on on a fresh thread
+                task = asyncio.create_task(self._contain(lane, batch, run))
+                self._contained.add(task)
+                task.add_done_callback(self._contained.discard)
+                continue
+            await self._finish(batch, run)
+
+    async def _contain(self, lane: str, batch: Batch, stalled: BatchRun) -> None:
+        try:
+            run = await self.containment.contain(lane, batch.jobs, stalled)
+        except asyncio.CancelledError:  # grace over: let go unacked, so redelivered
+            self.hooks.release([j.delivery for j in batch.jobs])
+            raise
+        except Exception as exc:  # let go unacked (their stall is counted) and stop
+            self.hooks.release([j.delivery for j in batch.jobs])
+            self._completion_crashed(exc)
+            return
+        await self._finish(batch, run)
+
+    async def _note_stalls(self, request_ids: Sequence[str]) -> list[int]:
+        return await self.writer.retrying("note stalls", self.store.note_stalls, request_ids)
+
+    async def _finish(self, batch: Batch, run: BatchRun) -> None:
+        """After compute: middleware, answers from the outputs, their write and ack."""
+        model, label, jobs = batch.key.model, batch.key.version, batch.jobs
+        await self.hooks.after_compute(batch, run)
+        version = model_version(label, self.versions[model][label])
+        answers, failed = intake.answers_from_run(model, version, jobs, run)
+        more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
+        await self._spawn_completion(answers + more, [*failed, *more_failed])
 
     async def _next_batch(self) -> Any:
         """The batcher's next batch; ``_IDLE`` when a held batch may be due before one is."""

@@ -104,19 +104,34 @@ async def test_dlq_replay_after_fixing_the_model_supersedes_the_failure(redis_ur
 
 async def test_a_batch_over_the_compute_timeout_fails_and_the_worker_carries_on(
         redis_url: str) -> None:
+    """Past ``--compute-timeout-s`` the batch is split; its request that stalls again alone
+    is quarantined (dead-lettered as ``stalled``), its neighbours answered."""
     from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+    from batchfleet.workers.per_model import PerModel
     from tests.support.models import SLOW, Sleepy
 
     slow = TorchModuleHandler("slow", Sleepy(), input_spec=TensorSpec("float32", (10,)))
-    async with running_worker(redis_url, handlers={"slow": slow}, compute_timeout_s=0.5,
-                              max_attempts=1), AsyncClient(redis_url) as client:
-        stuck = await client.submit("slow", np.full(10, SLOW, np.float32))
-        timed_out = await client.wait(stuck, timeout=10)
+    rows = np.full((8, 10), 0.5, np.float32)
+    rows[3, 0] = SLOW
+    async with running_worker(redis_url, handlers={"slow": slow}, max_wait_ms=200,
+                              compute_timeout_s=PerModel(0.5)) as worker, \
+            AsyncClient(redis_url) as client:
+        ids = await client.submit_many("slow", rows)
+        results = await client.wait_many(ids, timeout=20)
         fine = await client.wait_many(
             await client.submit_many("slow", np.full((20, 10), 0.5, np.float32)), timeout=10)
-    assert timed_out.status == "failed" and timed_out.error is not None
-    assert timed_out.error.type == "timeout" and "longer than 0.5s" in timed_out.error.message
+        ops = DeadLetterOps(redis_url, None)
+        try:
+            letters = await ops.letters("slow")
+        finally:
+            await ops.close()
+        quarantined = worker.containment.quarantined
+    stuck = results[3]
+    assert stuck.status == "failed" and stuck.error is not None and not stuck.error.retryable
+    assert stuck.error.type == "stalled" and "past the 0.5s limit" in stuck.error.message
+    assert [r.status for r in results[:3] + results[4:]] == ["succeeded"] * 7
     assert {r.status for r in fine} == {"succeeded"}
+    assert [letter.request_id for letter in letters] == [ids[3]] and quarantined == 1
 
 
 async def test_two_replays_in_a_row_leave_one_letter_per_id_and_generation(
@@ -193,3 +208,28 @@ async def test_a_generation_lua_cannot_compare_gets_a_failed_result_naming_it(
     assert "generation" in result.error.message and "2^53-1" in result.error.message
     assert result.generation == 0
     assert worker.stats.failed == 1 and worker.stats.computed == 0
+
+
+async def test_a_request_implicated_in_a_stall_elsewhere_is_quarantined_on_its_next(
+        redis_url: str) -> None:
+    """Stall counts are durable: a request that stalled a batch on a worker that then died
+    is quarantined the first time it stalls alone on another, not run alone again."""
+    from batchfleet.connectors import open_result_store
+    from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+    from batchfleet.workers.per_model import PerModel
+    from tests.support.models import SLOW, Sleepy
+
+    async with AsyncClient(redis_url, check_model=False) as client:
+        rid = await client.submit("slow", np.full(10, SLOW, np.float32))
+        store = open_result_store(redis_url, Names("bf"))
+        try:
+            assert await store.note_stalls([rid]) == [1]  # the first worker's stall
+        finally:
+            await store.close()
+        slow = TorchModuleHandler("slow", Sleepy(), input_spec=TensorSpec("float32", (10,)))
+        async with running_worker(redis_url, handlers={"slow": slow},
+                                  compute_timeout_s=PerModel(0.5)) as worker:
+            result = await client.wait(rid, timeout=20)
+            assert worker.compute._aside is None  # quarantined without running alone again
+    assert result.status == "failed" and result.error is not None
+    assert result.error.type == "stalled" and "stalled compute 2 times" in result.error.message

@@ -176,3 +176,24 @@ class WaitsThenMLP(nn.Module):
 def slow_shadow() -> TorchModuleHandler:
     """Served as a version: ``--model demo-mlp@slow=tests.support.models:slow_shadow``."""
     return TorchModuleHandler("slow", WaitsThenMLP(), input_spec=TensorSpec("float32", (10,)))
+
+
+#: A demo-mlp input whose first feature is this value makes the hang model sleep an hour.
+HANG = 7.0
+
+
+class Hangs(nn.Module):
+    """demo-mlp that hangs for an hour on a marker row: a wedged kernel, driver or lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 0] == HANG).any()):
+            time.sleep(3600)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def hang_model() -> TorchModuleHandler:
+    return TorchModuleHandler("hang", Hangs(), input_spec=TensorSpec("float32", (10,)))

@@ -46,3 +46,15 @@ def test_an_open_breaker_is_a_problem_and_other_models_can_be_left_out() -> None
                  _lane("b", workers=0))
     problems = fleet_problems(snap, 300, ["a"])
     assert [p.message for p in problems] == ["a: breaker model open on 1 of 3 worker(s)"]
+
+
+def test_a_stuck_compute_thread_is_a_problem_for_its_model() -> None:
+    from batchfleet.connectors.fleet import WorkerView
+
+    worker = WorkerView("w1", "h", ("a", "b"), "cpu", "redis", {}, 0, 0.0, 1.0, 9.0, {}, {},
+                        stuck_compute={"a": 42.0})
+    snap = FleetSnapshot(0.0, "bf", "redis", (_lane("a"), _lane("b")), (worker,), 0, 0)
+    problems = fleet_problems(snap, 300)
+    assert [(p.kind, p.model) for p in problems] == [("compute_stuck", "a")]
+    assert "a: compute stuck for 42s past its limit on worker w1" in problems[0].message
+    assert fleet_problems(snap, 300, ["b"]) == []

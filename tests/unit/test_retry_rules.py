@@ -4,9 +4,10 @@ import pytest
 
 from batchfleet.connectors.broker import Delivery
 from batchfleet.schemas.envelopes import ErrorInfo, Result
+from batchfleet.schemas.errors import StalledError
 from batchfleet.workers.completion import ack_plan, storable
 from batchfleet.workers.intake import Answer
-from batchfleet.workers.retry import CRASH_LOOP, RetryConfig, decide
+from batchfleet.workers.retry import CRASH_LOOP, STALLED, RetryConfig, decide
 
 pytestmark = pytest.mark.unit
 CFG = RetryConfig(max_attempts=3)
@@ -20,6 +21,12 @@ def test_retryable_errors_retry_until_attempts_run_out_then_dead_letter() -> Non
 def test_validation_errors_are_never_retried_and_crash_loops_go_to_the_dlq() -> None:
     assert decide(ErrorInfo("validation_error", "bad", False), 1, CFG) == "fail"
     assert decide(ErrorInfo(CRASH_LOOP, "died", False), 1, CFG) == "dead_letter"
+
+
+def test_a_request_stalled_twice_goes_to_the_dlq_at_once() -> None:
+    stalled = ErrorInfo.from_exception(StalledError("stalled compute 2 times"))
+    assert (stalled.type, stalled.retryable) == (STALLED, False)
+    assert decide(stalled, 1, CFG) == "dead_letter"
 
 
 def test_retry_specs() -> None:

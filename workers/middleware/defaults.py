@@ -26,6 +26,7 @@ from batchfleet.workers.middleware.routing import Routing
 from batchfleet.workers.middleware.shadow import Shadow
 from batchfleet.workers.middleware.slo import slo_batching
 from batchfleet.workers.middleware.stats import Stats
+from batchfleet.workers.middleware.stuck import StuckCompute
 from batchfleet.workers.middleware.tracing import Tracing
 from batchfleet.workers.middleware.webhooks import Webhooks
 from batchfleet.workers.settings import WorkerSettings
@@ -48,6 +49,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
+              StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),

@@ -1,10 +1,9 @@
 """In-flight leases (``workers.leases``) as middleware: hold every delivery from fetch to
-ack, skip a second copy of one already held, refresh them on the side unless compute
-has stalled."""
+ack, skip a second copy of one already held, refresh them on the side."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from batchfleet.connectors.broker import Delivery
@@ -19,11 +18,9 @@ class LeaseKeeper(Middleware):
     def __init__(self, claim_idle_ms: int) -> None:
         self._interval_s = lease_interval_s(claim_idle_ms)
         self.leases: Leases | None = None
-        self._stalled: Callable[[], bool] = lambda: False
 
     async def on_start(self, worker: Worker) -> None:
         self.leases = Leases(worker.consumer, self._interval_s)
-        self._stalled = worker.compute.stalled
 
     def after_fetch(self, deliveries: Sequence[Delivery]) -> Sequence[Delivery]:
         assert self.leases is not None
@@ -37,4 +34,4 @@ class LeaseKeeper(Middleware):
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         assert self.leases is not None
-        return [self.leases.run(self._stalled)]
+        return [self.leases.run()]
