@@ -35,7 +35,7 @@ from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender
-from batchfleet.producers.waiting import ResultWaiter
+from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import (
     OverloadedError,
@@ -98,7 +98,7 @@ class AsyncClient:
     ``admission`` sets the marks past which submits raise OverloadedError (default: 80%
     of Redis ``maxmemory``; see ``producers.admission``); ``model_list_ttl_s`` how long
     a model's registry record (served or declared, and its declared input spec) is
-    trusted before it is read again.
+    trusted before it is read again; ``loss_grace_s`` the default of :meth:`wait`'s.
     """
 
     def __init__(
@@ -115,6 +115,7 @@ class AsyncClient:
         redis_max_connections: int | None = None,
         admission: AdmissionLimits | None = None,
         model_list_ttl_s: float = 5.0,
+        loss_grace_s: float = LOSS_GRACE_S,
     ) -> None:
         parsed = BrokerURL.parse(broker)
         self.names = Names(namespace)
@@ -123,7 +124,8 @@ class AsyncClient:
         self._store = open_result_store(results_url_for(parsed, results), self.names,
                                         result_ttl_s, redis_max_connections)
         self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
-        self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s)
+        self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s,
+                                    loss_grace_s)
         self._check_model = check_model
         self._registry = model_registry_for(self._store)
         #: model -> (monotonic read time, declared input spec). Re-read after the TTL, so a
@@ -358,29 +360,39 @@ class AsyncClient:
             self._control = open_request_control(self._broker, self._store)
         return await self._control.cancel(request_ids)
 
-    async def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
+    async def wait(self, request_id: str, timeout: float | None = 30.0, *,
+                   loss_grace_s: float | None = None) -> Result:
         """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s,
         and RequestLostError (within seconds, even with ``timeout=None``) if it can never
-        finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it."""
-        return (await self._waiter.wait_many([request_id], timeout))[0]
+        finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it.
+
+        ``loss_grace_s`` (default: the client's, 2 s) is how long the ID may look lost
+        before the wait gives it up, counted from when the wait began at the earliest:
+        waiting on an ID that another process will submit later needs at least that
+        long (``producers.waiting``)."""
+        return (await self._waiter.wait_many([request_id], timeout, loss_grace_s))[0]
 
     async def wait_many(
-        self, request_ids: Sequence[str], timeout: float | None = 60.0
+        self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+        loss_grace_s: float | None = None,
     ) -> list[Result]:
-        """Terminal results in the order of ``request_ids``.
+        """Terminal results in the order of ``request_ids`` (``loss_grace_s`` as for
+        :meth:`wait`).
 
         If some requests were lost (see :meth:`wait`), RequestLostError is raised once all
         the others have finished: ``exc.request_ids`` names the lost ones and
         ``exc.results`` holds every result in ``request_ids`` order, None where lost.
         """
-        return await self._waiter.wait_many(request_ids, timeout)
+        return await self._waiter.wait_many(request_ids, timeout, loss_grace_s)
 
     def as_completed(
-        self, request_ids: Sequence[str], timeout: float | None = 60.0
+        self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+        loss_grace_s: float | None = None,
     ) -> AsyncIterator[Result]:
         """Terminal results as they arrive (for progress bars and latency measurement);
-        lost requests are skipped, then named by a RequestLostError at the end."""
-        return self._waiter.as_completed(request_ids, timeout)
+        lost requests are skipped, then named by a RequestLostError at the end
+        (``loss_grace_s`` as for :meth:`wait`)."""
+        return self._waiter.as_completed(request_ids, timeout, loss_grace_s)
 
 
 class Client:
@@ -429,8 +441,9 @@ class Client:
     def get(self, request_id: str) -> Result | None:
         return self._call(self._async.get(request_id))
 
-    def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
-        return self._call(self._async.wait(request_id, timeout))
+    def wait(self, request_id: str, timeout: float | None = 30.0, *,
+             loss_grace_s: float | None = None) -> Result:
+        return self._call(self._async.wait(request_id, timeout, loss_grace_s=loss_grace_s))
 
     def cancel(self, request_id: str) -> CancelReport:
         return self._call(self._async.cancel(request_id))
@@ -442,9 +455,10 @@ class Client:
         """See :meth:`AsyncClient.models`."""
         return self._call(self._async.models())
 
-    def wait_many(self, request_ids: Sequence[str], timeout: float | None = 60.0
-                  ) -> list[Result]:
-        return self._call(self._async.wait_many(request_ids, timeout))
+    def wait_many(self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+                  loss_grace_s: float | None = None) -> list[Result]:
+        return self._call(self._async.wait_many(request_ids, timeout,
+                                                loss_grace_s=loss_grace_s))
 
 
 def _check_declared(spec: TensorSpec | None, inputs: Any) -> None:
