@@ -34,11 +34,12 @@ from batchfleet.connectors.tracing import format_traceparent
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
-from batchfleet.producers.sending import Outgoing, Sender
+from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
 from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import (
     OverloadedError,
+    RequestConflictError,
     RequestLostError,
     ValidationError,
     WaitTimeoutError,
@@ -143,7 +144,8 @@ class AsyncClient:
                         one_trip_for(self._store, self._publisher, self._results_on_broker))
         #: Every submit, single or many, goes out through here (``producers.coalescing``).
         self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK,
-                                                      linger_s=SUBMIT_LINGER_S)
+                                                      linger_s=SUBMIT_LINGER_S,
+                                                      refuse=conflict_error)
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.
@@ -214,6 +216,9 @@ class AsyncClient:
         ``owner`` names the API key ID whose callers may read the result through the
         gateway (without one, only admin-scoped keys can). ``fingerprint`` is the
         gateway's idempotency check: an existing record with another one is not published.
+        A ``request_id`` of the caller's is fingerprinted by model and inputs unless one is
+        given: reused with others, it raises RequestConflictError and nothing is enqueued;
+        with the same ones it is an idempotent resubmit.
         Concurrent calls are coalesced into one round trip (see ``producers.coalescing``).
         """
         if callback_url is not None:
@@ -227,6 +232,8 @@ class AsyncClient:
         await self._admission.check(model, template.lane)
         now = time.time()
         deadline_at = None if deadline_s is None else now + deadline_s
+        if request_id and fingerprint is None:
+            fingerprint = inputs_fingerprint(model, inputs)
         ownership = Ownership(owner, fingerprint, self.client_id)
         if self._tracer is None:
             await self._outbox.submit(Outgoing(
@@ -258,7 +265,10 @@ class AsyncClient:
 
         Raises UnknownModelError for a model no worker has ever served and nobody
         declared (unless the client was made with ``check_model=False``), rather than
-        letting it wait forever; ValidationError for inputs off a declared spec.
+        letting it wait forever; ValidationError for inputs off a declared spec;
+        RequestConflictError, once its chunk is sent, if some of ``request_ids`` were
+        used before with other inputs (``exc.request_ids``; ``exc.accepted`` names what
+        was enqueued, as for OverloadedError).
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
@@ -272,20 +282,24 @@ class AsyncClient:
         chunk: list[Outgoing] = []
         id_iter = iter(request_ids) if request_ids is not None else None
         for item in inputs:
+            chosen = False  # a caller's ID: fingerprinted (see :meth:`submit`)
             if id_iter is None:
                 rid = new_request_id()
             else:
                 given = next(id_iter, None)
                 if given is None:
                     raise ValidationError("request_ids is shorter than inputs")
+                chosen = bool(given)
                 rid = check_request_id(given) if given else new_request_id()
+            owned = ownership if not chosen or fingerprint is not None else Ownership(
+                owner, inputs_fingerprint(model, item), self.client_id)
             _check_declared(spec, item)
             now = time.time()
             parent = None if tracer is None else _submit_span(tracer, rid, template)
             chunk.append(Outgoing(
                 rid, template.encode(rid, now, item, None if deadline_s is None
                                      else now + deadline_s, parent),
-                template.pending(rid, now), template, ownership, parent))
+                template.pending(rid, now), template, owned, parent))
             if len(chunk) >= SUBMIT_CHUNK:
                 await self._send_admitted(chunk, ids)
                 chunk = []
@@ -308,6 +322,11 @@ class AsyncClient:
             refused = OverloadedError(str(exc), exc.retry_after_s)
             refused.accepted = list(sent)
             raise refused from exc
+        except RequestConflictError as exc:  # this call's own error: the rest went out
+            conflicting = set(exc.request_ids)
+            exc.accepted = [*sent, *(o.request_id for o in chunk
+                                     if o.request_id not in conflicting)]
+            raise
         sent.extend(o.request_id for o in chunk)
 
     async def ensure_model(self, model: str) -> TensorSpec | None:
@@ -471,5 +490,5 @@ async def _make_async(broker: str, results: str | None, options: dict[str, Any])
     return AsyncClient(broker, results, **options)
 
 
-__all__ = ["AsyncClient", "CancelReport", "Client", "OverloadedError", "RequestLostError",
-           "WaitTimeoutError", "new_request_id"]
+__all__ = ["AsyncClient", "CancelReport", "Client", "OverloadedError", "RequestConflictError",
+           "RequestLostError", "WaitTimeoutError", "new_request_id"]

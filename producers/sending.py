@@ -3,16 +3,19 @@
 A submit records a ``pending`` result (never overwriting an existing one),
 then publishes the request. A duplicate submit of a finished request ID is
 not run again; a duplicate of a pending one is published again, which is
-harmless because the first terminal result wins. Requests arrive here already
-encoded (``schemas.request_template``), so sending a chunk costs its round
-trips and little else: two (store, then broker), or one when the results and a
-Redis broker share one node (``connectors.redis_submit``).
+harmless because the first terminal result wins. A caller-chosen ID whose record
+holds another fingerprint (other model or inputs) is a conflict: never published,
+and its submit fails (``RequestConflictError``) while the rest of the chunk goes out.
+Requests arrive here already encoded (``schemas.request_template``), so sending a
+chunk costs its round trips and little else: two (store, then broker), or one when
+the results and a Redis broker share one node (``connectors.redis_submit``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -24,10 +27,11 @@ from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.errors import (
     BatchfleetError,
     OverloadedError,
+    RequestConflictError,
     ResultStoreError,
     TransportError,
 )
-from batchfleet.schemas.request_template import RequestTemplate
+from batchfleet.schemas.request_template import RequestTemplate, pack_inputs
 
 log = structlog.get_logger("batchfleet.client")
 
@@ -57,10 +61,10 @@ class Sender:
         #: model -> lane_shards, kept up to date by the client's registry reads.
         self._shards = shards
 
-    async def send(self, chunk: list[Outgoing]) -> None:
+    async def send(self, chunk: list[Outgoing]) -> list[int]:
+        """Send a chunk; returns the positions of the requests refused as conflicts."""
         if self._one_trip is not None:
-            await self._send_one_trip(self._one_trip, chunk)
-            return
+            return conflicts(await self._send_one_trip(self._one_trip, chunk))
         try:
             states = await self._store.put_pending([(o.request_id, o.pending) for o in chunk],
                                                    [o.ownership for o in chunk])
@@ -88,12 +92,14 @@ class Sender:
                             error=str(undo), request_ids=len(created))
             raise_if_full(exc)
             raise
+        return conflicts(states)
 
     def _message(self, o: Outgoing) -> OutboundMessage:
         return OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
                                o.traceparent, self._shards.get(o.template.model, 1))
 
-    async def _send_one_trip(self, one_trip: OneTripSubmit, chunk: list[Outgoing]) -> None:
+    async def _send_one_trip(self, one_trip: OneTripSubmit, chunk: list[Outgoing]
+                             ) -> list[SubmitState]:
         ids = [o.request_id for o in chunk]
         # Expected before the script runs, as on the two-call path; those it did not
         # create are someone else's to announce, and are forgotten again.
@@ -109,6 +115,31 @@ class Sender:
         new = SubmitState.NEW
         self._waiter.unexpect([rid for rid, state in zip(ids, states, strict=True)
                                if state != new and rid in added])
+        return states
+
+
+def conflicts(states: Sequence[SubmitState]) -> list[int]:
+    conflict = SubmitState.CONFLICT
+    return [i for i, state in enumerate(states) if state == conflict]
+
+
+def inputs_fingerprint(model: str, inputs: Any) -> str:
+    """What a caller-chosen request ID stands for: the model and the packed inputs. Only
+    such IDs are fingerprinted (a fresh ``uuid4`` cannot be reused), so a reuse with other
+    inputs is refused instead of silently answered with the first request's result."""
+    digest = hashlib.sha256(f"sdk\0{model}\0".encode())
+    digest.update(pack_inputs(inputs))
+    return digest.hexdigest()[:32]
+
+
+def conflict_error(refused: Sequence[Outgoing]) -> RequestConflictError:
+    """The error a submit gets for its refused requests (``Coalescer(refuse=...)``)."""
+    ids = [o.request_id for o in refused]
+    shown = ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
+    return RequestConflictError(
+        f"{len(ids)} request ID(s) already used with another model or other inputs, so "
+        f"not submitted (a wait would return the first request's result): {shown}; "
+        "use a new ID for a new request", ids)
 
 
 def raise_if_full(exc: BatchfleetError) -> None:
