@@ -20,6 +20,7 @@ import structlog
 
 from batchfleet.connectors import BrokerURL, open_publisher, open_result_store, results_url_for
 from batchfleet.connectors.model_registry import model_registry_for
+from batchfleet.connectors.redis_client import DEFAULT_POOL_TIMEOUT_S
 from batchfleet.connectors.redis_pressure import RedisPressure
 from batchfleet.connectors.redis_streams import RedisStreamsPublisher
 from batchfleet.connectors.redis_submit import one_trip_for
@@ -100,6 +101,9 @@ class AsyncClient:
     of Redis ``maxmemory``; see ``producers.admission``); ``model_list_ttl_s`` how long
     a model's registry record (served or declared, and its declared input spec) is
     trusted before it is read again; ``loss_grace_s`` the default of :meth:`wait`'s.
+    The result store's pool holds ``redis_max_connections`` (default 100) and a call
+    past them waits up to ``redis_pool_timeout_s`` for one to come free, so any number
+    of concurrent submits queue rather than fail (``connectors.redis_client``).
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class AsyncClient:
         check_model: bool = True,
         callback_policy: CallbackPolicy | None = None,
         redis_max_connections: int | None = None,
+        redis_pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
         admission: AdmissionLimits | None = None,
         model_list_ttl_s: float = 5.0,
         loss_grace_s: float = LOSS_GRACE_S,
@@ -121,9 +126,10 @@ class AsyncClient:
         parsed = BrokerURL.parse(broker)
         self.names = Names(namespace)
         self.client_id = uuid.uuid4().hex[:16]
-        # A bounded, blocking pool when asked (the gateway); redis-py's default otherwise.
+        # A bounded pool that concurrent submits queue on (``WaitingPool``), never fail on.
         self._store = open_result_store(results_url_for(parsed, results), self.names,
-                                        result_ttl_s, redis_max_connections)
+                                        result_ttl_s, redis_max_connections,
+                                        redis_pool_timeout_s)
         self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
         self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s,
                                     loss_grace_s)
