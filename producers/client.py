@@ -143,6 +143,8 @@ class AsyncClient:
         #: crc32(request ID) % K (``shard_for``). Unread (check_model=False): shard 0.
         self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
+        #: model -> the registry read in flight for it (``_lookup``).
+        self._lookups: dict[str, asyncio.Future[tuple[set[str], ModelRecord | None]]] = {}
         self._templates: dict[TemplateKey, RequestTemplate] = {}
         self._results_on_broker = (parsed.kind == "redis"
                                    and results_url_for(parsed, results) == parsed.url)
@@ -345,7 +347,7 @@ class AsyncClient:
         cached = self._models.get(model)
         if cached is not None and now - cached[0] < self._models_ttl_s:
             return cached[1]
-        known, record = await self._registry.lookup(model)
+        known, record = await self._lookup(model)
         if model not in known:
             self._models.pop(model, None)
             raise UnregisteredModelError(model, known)
@@ -356,6 +358,21 @@ class AsyncClient:
         self._shards[model] = record.lane_shards if record is not None else 1
         self._models[model] = (now, spec)
         return spec
+
+    async def _lookup(self, model: str) -> tuple[set[str], ModelRecord | None]:
+        """One registry read per model at a time: a burst of concurrent submits to a model
+        not yet cached shares it, rather than taking a connection each."""
+        read = self._lookups.get(model)
+        if read is None:
+            read = self._lookups[model] = asyncio.ensure_future(self._registry.lookup(model))
+            read.add_done_callback(lambda done: self._forget_lookup(model, done))
+        return await asyncio.shield(read)  # one caller cancelled: the others still wait
+
+    def _forget_lookup(self, model: str, done: asyncio.Future[Any]) -> None:
+        if self._lookups.get(model) is done:
+            del self._lookups[model]
+        if not done.cancelled():
+            done.exception()  # retrieved, even if every waiter was cancelled meanwhile
 
     async def known_models(self) -> set[str]:
         """Every model submits are accepted for: declared, or ever served (one round trip)."""

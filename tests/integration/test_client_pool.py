@@ -30,7 +30,7 @@ async def _serve_demo_mlp(url: str) -> None:
         await store.close()
 
 
-async def test_500_concurrent_submits_from_one_default_client_all_succeed(
+async def test_500_concurrent_submits_and_reads_from_one_default_client_all_succeed(
         redis_url: str) -> None:
     await _serve_demo_mlp(redis_url)
     raw = aioredis.Redis.from_url(redis_url)
@@ -39,6 +39,9 @@ async def test_500_concurrent_submits_from_one_default_client_all_succeed(
             ids = await asyncio.gather(*(client.submit("demo-mlp", [float(i)] * 10)
                                          for i in range(500)))
             assert len(set(ids)) == 500
+            # 500 concurrent reads: one connection each while it runs
+            assert all(r is not None and r.status == "pending" for r in await asyncio.gather(
+                *(client.get(rid) for rid in ids)))
             # bounded: the store's pool and the publisher's, plus this test's connection
             assert len(await raw.client_list()) <= 2 * 100 + 1
         assert await raw.xlen(Names(NS).stream("demo-mlp", "interactive")) == 500

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from batchfleet import BatchfleetError, RequestConflictError
 from batchfleet.producers import AsyncClient
+from batchfleet.producers.gateway.problems import status_for
 from batchfleet.schemas.names import Names
 
 pytestmark = pytest.mark.integration
@@ -34,6 +35,7 @@ async def test_a_reused_id_with_other_inputs_raises_and_enqueues_nothing(
                 await client.submit("demo-mlp", B, request_id="order-1")
             assert refused.value.request_ids == ["order-1"] and "order-1" in str(refused.value)
             assert isinstance(refused.value, BatchfleetError)
+            assert status_for(refused.value) == 409  # what the gateway answers for it
             with pytest.raises(RequestConflictError):  # another model is another request
                 await client.submit("other-model", A, request_id="order-1")
             assert await raw.xlen(stream) == 2
