@@ -243,7 +243,11 @@ class ResultWaiter:
             for sink in self._waiters.pop(res.request_id, ()):
                 sink.deliver(res)
 
-    def _lose(self, lost: Sequence[tuple[str, Sink]]) -> None:
+    def _lose(self, request_ids: Sequence[str]) -> None:
+        """End every wait on these IDs."""
+        self._give_up([(rid, sink) for rid in request_ids for sink in self._waiters.get(rid, ())])
+
+    def _give_up(self, lost: Sequence[tuple[str, Sink]]) -> None:
         """End the waits of these sinks on these IDs; other waits on them go on."""
         for rid, sink in lost:
             self._unregister((rid,), sink)
@@ -277,7 +281,7 @@ class ResultWaiter:
         if expired:
             log.warning("requests lost: their record or their lane's entries are gone",
                         count=len(expired), request_ids=[rid for rid, _ in expired[:5]])
-            self._lose(expired)
+            self._give_up(expired)
 
     async def as_completed(
         self, request_ids: Sequence[str], timeout: float | None,
