@@ -26,6 +26,7 @@ _EXPORTS = {
     "ValidationError": "batchfleet.schemas.errors",
     "WaitTimeoutError": "batchfleet.schemas.errors",
     "RequestLostError": "batchfleet.schemas.errors",
+    "RequestConflictError": "batchfleet.schemas.errors",
     "OverloadedError": "batchfleet.schemas.errors",
     "UnknownModelError": "batchfleet.schemas.errors",
 }
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
         BatchfleetError,
         ConfigError,
         OverloadedError,
+        RequestConflictError,
         RequestLostError,
         ResultStoreError,
         TransportError,
@@ -52,6 +54,7 @@ __all__ = [
     "ConfigError",
     "ErrorInfo",
     "OverloadedError",
+    "RequestConflictError",
     "RequestLostError",
     "Result",
     "ResultStoreError",

@@ -12,7 +12,12 @@ from contextlib import contextmanager
 
 from batchfleet.connectors.broker import Consumer, Delivery, LaneBacklog, OutboundMessage, Publisher
 from batchfleet.connectors.control_plane import FACTORIES, ControlPlane, open_control_plane
-from batchfleet.connectors.redis_client import is_cluster_url, names_for, redis_client
+from batchfleet.connectors.redis_client import (
+    DEFAULT_POOL_TIMEOUT_S,
+    is_cluster_url,
+    names_for,
+    redis_client,
+)
 from batchfleet.connectors.redis_plane import RedisControlPlane, redis_control_plane
 from batchfleet.connectors.redis_streams import RedisStreamsConsumer, RedisStreamsPublisher
 from batchfleet.connectors.result_store import (
@@ -27,10 +32,12 @@ from batchfleet.schemas.names import Names
 
 
 def open_result_store(url: str, names: Names, ttl_s: int = DEFAULT_TTL_S,
-                      max_connections: int | None = None) -> ResultStore:
+                      max_connections: int | None = None,
+                      pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S) -> ResultStore:
     from batchfleet.connectors.cluster_store import store_for
 
-    return store_for(redis_client(url, max_connections), names_for(url, names), ttl_s)
+    return store_for(redis_client(url, max_connections, pool_timeout_s),
+                     names_for(url, names), ttl_s)
 
 
 def control_plane_for(store: ResultStore) -> RedisControlPlane:

@@ -5,10 +5,15 @@ admission is one round trip however many replicas share the key, and two
 replicas can never both spend the last token. The clock is Redis's (``TIME``),
 so replicas with skewed clocks still agree.
 
-The in-flight set holds ``request ID -> expiry`` (its deadline, else the
-result TTL). A terminal write removes the ID (``_WRITE_TERMINAL`` in
-connectors/result_store.py, through the record's ``owner``), and admission
-drops expired members first, so a request that is lost never pins a slot.
+The in-flight set holds ``request ID -> expiry``. A terminal write removes the ID
+(``_WRITE_TERMINAL`` in connectors/result_store.py, through the record's
+``owner``), whatever the status: ``expired`` included. The expiry is the result
+TTL, the life of the request's pending record, and never its deadline: a request
+whose deadline has passed is still not terminal until a worker answers it
+``expired``, so freeing its slot at the deadline let a key hold more non-terminal
+requests than its limit (26 against ``in_flight=10`` with ``deadline_s: 0.01``).
+Admission drops expired members first, so a request whose record is gone (it can
+never finish) stops counting when its record does.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.result_store import DEFAULT_TTL_S, ResultStore
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -74,6 +79,7 @@ return reply(1, 0)
 """
 
 ADMITTED, OVER_RATE, OVER_IN_FLIGHT, TOO_BIG = 1, 0, -1, -2
+_HOLD_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +128,12 @@ class Admission:
 class QuotaGate:
     """Admits (and charges) a key's submissions against its quota."""
 
-    def __init__(self, client: aioredis.Redis, names: Names) -> None:
+    def __init__(self, client: aioredis.Redis, names: Names,
+                 hold_s: float = DEFAULT_TTL_S) -> None:
         self._names = names
+        #: How long a slot lives unless a terminal write frees it: the records' TTL, and a
+        #: margin, as the record is written (and its TTL starts) after the admission.
+        self._hold_s = max(1.0, hold_s) + _HOLD_MARGIN_S
         self._inflight = names.inflight_prefix
         self._admit = client.register_script(_ADMIT)
         self._redis = client
@@ -131,17 +141,17 @@ class QuotaGate:
     @classmethod
     def over(cls, store: ResultStore) -> QuotaGate:
         """A gate over the result store's own connections (quotas live beside the records:
-        a won terminal write frees the in-flight slot)."""
-        return cls(store.redis, store.names)
+        a won terminal write frees the in-flight slot, and a slot lives as long as a record)."""
+        return cls(store.redis, store.names, store.ttl_s)
 
-    async def admit(self, owner: str, quota: Quota, request_ids: Sequence[str],
-                    lifetimes_s: Sequence[float]) -> Admission:
-        """Charge ``len(request_ids)`` tokens and in-flight slots, or refuse them all."""
+    async def admit(self, owner: str, quota: Quota, request_ids: Sequence[str]) -> Admission:
+        """Charge ``len(request_ids)`` tokens and in-flight slots, or refuse them all. A
+        slot is held until the request's terminal write, or its record's TTL."""
         args: list[str | int | float] = [quota.rate_per_s, quota.bucket, quota.max_in_flight,
                                          len(request_ids)]
         if quota.max_in_flight > 0:
-            for rid, life in zip(request_ids, lifetimes_s, strict=True):
-                args += [rid, max(1.0, life)]
+            for rid in request_ids:
+                args += [rid, self._hold_s]
         with wrap_errors(ResultStoreError, "cannot check the quota"):
             code, tokens, in_flight, retry = await self._admit(
                 keys=[self._names.quota_bucket(owner), self._inflight + owner], args=args)

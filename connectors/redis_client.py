@@ -27,7 +27,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
-from redis.exceptions import ConnectionError, RedisError
+from redis.exceptions import ConnectionError, MaxConnectionsError, RedisError
 
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -36,6 +36,12 @@ CLUSTER_SCHEME = "redis+cluster"
 #: Every scheme a ``--results`` (or Redis ``--broker``) URL may use.
 REDIS_SCHEMES = ("redis", "rediss", "unix", CLUSTER_SCHEME)
 log = structlog.get_logger(__name__)
+
+#: A client's connections to one Redis, unless told otherwise (redis-py's own default
+#: cap, which it enforces by *failing* "Too many connections" past it).
+DEFAULT_MAX_CONNECTIONS = 100
+#: How long a command waits for a free pooled connection before it fails.
+DEFAULT_POOL_TIMEOUT_S = 5.0
 
 _OPTIONS: dict[str, Any] = {
     "decode_responses": False, "socket_keepalive": True,
@@ -139,28 +145,48 @@ async def refresh_topology(client: RedisCluster) -> None:
         log.debug("cannot re-read the cluster topology yet", error=str(exc))
 
 
+class WaitingPool(aioredis.BlockingConnectionPool):
+    """A bounded pool whose callers queue for a free connection.
+
+    redis-py's default ``ConnectionPool`` caps a client at 100 connections and fails
+    every command past that ("Too many connections"): 500 concurrent submits from one
+    client lost 400 of them. Here they wait, up to ``timeout``, and only a wait that
+    runs out fails, saying why (every connection stayed busy) and what to change.
+    """
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        except ConnectionError as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise
+            raise MaxConnectionsError(
+                f"no Redis connection came free within {self.timeout}s: all "
+                f"{self.max_connections} of this client's pool stayed busy (raise "
+                "redis_max_connections or redis_pool_timeout_s, or send fewer at once)"
+            ) from exc
+
+
 def redis_client(url: str, max_connections: int | None = None,
-                 pool_timeout_s: float = 5.0) -> aioredis.Redis:
+                 pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S) -> aioredis.Redis:
     """A binary-safe asyncio Redis client (hiredis-parsed when installed).
 
     Socket timeouts bound every call, so a wedged connection surfaces as an error
     (which the callers retry) instead of a hang; they sit far above XREADGROUP's
-    100 ms BLOCK. With ``max_connections`` the pool blocks (up to ``pool_timeout_s``)
-    for a free connection instead of failing "Too many connections" (the gateway);
-    on a cluster it caps each node's pool.
+    100 ms BLOCK. The pool holds up to ``max_connections`` (default
+    ``DEFAULT_MAX_CONNECTIONS``) and a command past them waits up to ``pool_timeout_s``
+    for a free one (:class:`WaitingPool`); on a cluster it caps each node's pool.
     """
     if is_cluster_url(url):
         nodes, user, password = cluster_nodes(url)
         cluster = FleetRedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user,
-            password=password, max_connections=max_connections or 100,
+            password=password, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
             retry=Retry(NoBackoff(), 0), **_OPTIONS)
         return cast(aioredis.Redis, cluster)
     options = {**_OPTIONS, "health_check_interval": 30}
-    if max_connections is None:
-        return aioredis.Redis.from_url(url, **options)
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=pool_timeout_s, **options)
+    pool = WaitingPool.from_url(url, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
+                                timeout=pool_timeout_s, **options)
     return aioredis.Redis.from_pool(pool)
 
 

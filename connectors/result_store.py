@@ -40,8 +40,9 @@ DEFAULT_TTL_S = 24 * 3600
 
 #: One record's pending write (a ``SubmitState``), shared with the one-round-trip submit
 #: (``connectors.redis_submit``). ``meta`` is (owner, fingerprint, notify client), '' for
-#: none. A fingerprint (an idempotent gateway submit's model and body) that differs from
-#: the stored one is a conflict (3).
+#: none. A fingerprint (an idempotent gateway submit's model and body, or an SDK submit's
+#: model and inputs under a caller-chosen ID) that differs from the stored one is a
+#: conflict (3); a record stored without one (its ID was made by the SDK) matches any.
 PUT_PENDING_FN = """
 local function put_pending(key, ttl, meta, body)
   local owner, fp, notify = meta[1], meta[2], meta[3]
@@ -52,7 +53,7 @@ local function put_pending(key, ttl, meta, body)
     if fp ~= '' then redis.call('HSET', key, 'fp', fp) end
     redis.call('EXPIRE', key, ttl)
     return 0
-  elseif fp ~= '' and redis.call('HGET', key, 'fp') ~= fp then
+  elseif fp ~= '' and (redis.call('HGET', key, 'fp') or fp) ~= fp then
     return 3
   elseif redis.call('HGET', key, 'status') == 'pending' then
     return 1
@@ -239,7 +240,7 @@ class Ownership:
     """Who a pending record belongs to, and (idempotent gateway submits) what it asked for."""
 
     owner: str | None = None
-    #: Hash of model and body: the same idempotency key with another one is a conflict.
+    #: Hash of model and body (or inputs): the same ID with another one is a conflict.
     fingerprint: str | None = None
     #: The submitting client's ID: a cancel announces its ``cancelled`` result there.
     notify: str | None = None

@@ -31,7 +31,7 @@ from batchfleet.connectors.model_registry import ModelRegistry, RedisModelRegist
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionStats
 from batchfleet.schemas.errors import UnknownModelError
-from batchfleet.schemas.heartbeat import HeartbeatRecord
+from batchfleet.schemas.heartbeat import LIVE_WITHIN_S, HeartbeatRecord
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (
     GuardThresholds,
@@ -80,13 +80,16 @@ class RolloutStatus:
     """One model's rollout as an operator sees it. ``stats`` is None when no worker has
     published any for the versions involved (workers without rollout stats, or idle).
     ``epochs`` is the policy epoch each live worker reports in its heartbeat (None: it
-    reports none for this model)."""
+    reports none for this model). ``beating`` names the workers whose heartbeat is
+    fresh (``LIVE_WITHIN_S``); None when heartbeats were not read, and then the
+    registry's served entries (refreshed by the same beat, trusted for 30 s) decide."""
 
     record: ModelRecord
     history: list[PolicyChange]
     stats: dict[str, VersionStats] | None
     at: float
     epochs: dict[str, int | None]
+    beating: frozenset[str] | None = None
 
     @property
     def converged(self) -> bool:
@@ -98,9 +101,11 @@ class RolloutStatus:
         return self.record.policy
 
     def workers(self) -> dict[str, list[str]]:
-        """Live workers and the version labels each holds."""
+        """Live workers and the version labels each holds: serving the model, and beating
+        (a SIGKILLed worker drops out two missed beats after its last one)."""
+        beating = self.beating
         return {w: list(s.labels) for w, s in sorted(self.record.served.items())
-                if s.live(self.at)}
+                if s.live(self.at) and (beating is None or w in beating)}
 
     def to_json(self) -> dict[str, Any]:
         """The ``rollout status --json`` and ``GET …/rollout`` body."""
@@ -168,10 +173,14 @@ class Rollouts:
             found = {label: s for label, s in read.items() if s.roles}
             stats = found or None
         epochs: dict[str, int | None] = {}
+        beating = None
         if self._heartbeats is not None:
+            # the heartbeat set's scores are the beats' times: two round trips, no scan
             epochs = {h.worker_id: h.policy_epochs.get(model)
-                      for h in await self._heartbeats.read_all() if h.worker_id in record.served}
-        return RolloutStatus(record, changes, stats, time.time(), epochs)
+                      for h in await self._heartbeats.read_all(LIVE_WITHIN_S)
+                      if h.worker_id in record.served}
+            beating = frozenset(epochs)
+        return RolloutStatus(record, changes, stats, time.time(), epochs, beating)
 
 
 def rollouts_for(store: ResultStore) -> Rollouts:

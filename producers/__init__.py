@@ -5,6 +5,7 @@ from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import (
     BatchfleetError,
     OverloadedError,
+    RequestConflictError,
     RequestLostError,
     ValidationError,
     WaitTimeoutError,
@@ -16,6 +17,7 @@ __all__ = [
     "Client",
     "ErrorInfo",
     "OverloadedError",
+    "RequestConflictError",
     "RequestLostError",
     "Result",
     "ValidationError",

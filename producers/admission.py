@@ -30,10 +30,11 @@ Reader = Callable[[Sequence[Lane]], Awaitable[Sequence[RedisPressure]]]
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
     #: Refuse past this fraction of Redis ``maxmemory`` (0: never; no limit when Redis
-    #: has no ``maxmemory``). ``BATCHFLEET_ADMIT_MAX_MEMORY``.
+    #: has no ``maxmemory``). The gateway reads it from ``BATCHFLEET_ADMIT_MAX_MEMORY``;
+    #: the SDK takes only what it is given (``AsyncClient(admission=...)``).
     max_memory: float = 0.8
     #: Refuse while a lane holds this many queued requests (0: no limit, Redis Streams
-    #: only). ``BATCHFLEET_ADMIT_MAX_BACKLOG``.
+    #: only). The gateway's ``BATCHFLEET_ADMIT_MAX_BACKLOG``.
     max_backlog: int = 0
     #: How long a reading is trusted.
     refresh_s: float = 0.5

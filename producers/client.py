@@ -20,6 +20,7 @@ import structlog
 
 from batchfleet.connectors import BrokerURL, open_publisher, open_result_store, results_url_for
 from batchfleet.connectors.model_registry import model_registry_for
+from batchfleet.connectors.redis_client import DEFAULT_POOL_TIMEOUT_S
 from batchfleet.connectors.redis_pressure import RedisPressure
 from batchfleet.connectors.redis_streams import RedisStreamsPublisher
 from batchfleet.connectors.redis_submit import one_trip_for
@@ -34,11 +35,12 @@ from batchfleet.connectors.tracing import format_traceparent
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
-from batchfleet.producers.sending import Outgoing, Sender
-from batchfleet.producers.waiting import ResultWaiter
+from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
+from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import (
     OverloadedError,
+    RequestConflictError,
     RequestLostError,
     ValidationError,
     WaitTimeoutError,
@@ -98,7 +100,10 @@ class AsyncClient:
     ``admission`` sets the marks past which submits raise OverloadedError (default: 80%
     of Redis ``maxmemory``; see ``producers.admission``); ``model_list_ttl_s`` how long
     a model's registry record (served or declared, and its declared input spec) is
-    trusted before it is read again.
+    trusted before it is read again; ``loss_grace_s`` the default of :meth:`wait`'s.
+    The result store's pool holds ``redis_max_connections`` (default 100) and a call
+    past them waits up to ``redis_pool_timeout_s`` for one to come free, so any number
+    of concurrent submits queue rather than fail (``connectors.redis_client``).
     """
 
     def __init__(
@@ -113,17 +118,21 @@ class AsyncClient:
         check_model: bool = True,
         callback_policy: CallbackPolicy | None = None,
         redis_max_connections: int | None = None,
+        redis_pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
         admission: AdmissionLimits | None = None,
         model_list_ttl_s: float = 5.0,
+        loss_grace_s: float = LOSS_GRACE_S,
     ) -> None:
         parsed = BrokerURL.parse(broker)
         self.names = Names(namespace)
         self.client_id = uuid.uuid4().hex[:16]
-        # A bounded, blocking pool when asked (the gateway); redis-py's default otherwise.
+        # A bounded pool that concurrent submits queue on (``WaitingPool``), never fail on.
         self._store = open_result_store(results_url_for(parsed, results), self.names,
-                                        result_ttl_s, redis_max_connections)
+                                        result_ttl_s, redis_max_connections,
+                                        redis_pool_timeout_s)
         self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
-        self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s)
+        self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s,
+                                    loss_grace_s)
         self._check_model = check_model
         self._registry = model_registry_for(self._store)
         #: model -> (monotonic read time, declared input spec). Re-read after the TTL, so a
@@ -134,6 +143,8 @@ class AsyncClient:
         #: crc32(request ID) % K (``shard_for``). Unread (check_model=False): shard 0.
         self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
+        #: model -> the registry read in flight for it (``_lookup``).
+        self._lookups: dict[str, asyncio.Future[tuple[set[str], ModelRecord | None]]] = {}
         self._templates: dict[TemplateKey, RequestTemplate] = {}
         self._results_on_broker = (parsed.kind == "redis"
                                    and results_url_for(parsed, results) == parsed.url)
@@ -141,7 +152,8 @@ class AsyncClient:
                         one_trip_for(self._store, self._publisher, self._results_on_broker))
         #: Every submit, single or many, goes out through here (``producers.coalescing``).
         self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK,
-                                                      linger_s=SUBMIT_LINGER_S)
+                                                      linger_s=SUBMIT_LINGER_S,
+                                                      refuse=conflict_error)
         self._admission = Admission(admission or AdmissionLimits(), self._pressure)
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.
@@ -212,6 +224,9 @@ class AsyncClient:
         ``owner`` names the API key ID whose callers may read the result through the
         gateway (without one, only admin-scoped keys can). ``fingerprint`` is the
         gateway's idempotency check: an existing record with another one is not published.
+        A ``request_id`` of the caller's is fingerprinted by model and inputs unless one is
+        given: reused with others, it raises RequestConflictError and nothing is enqueued;
+        with the same ones it is an idempotent resubmit.
         Concurrent calls are coalesced into one round trip (see ``producers.coalescing``).
         """
         if callback_url is not None:
@@ -225,6 +240,8 @@ class AsyncClient:
         await self._admission.check(model, template.lane)
         now = time.time()
         deadline_at = None if deadline_s is None else now + deadline_s
+        if request_id and fingerprint is None:
+            fingerprint = inputs_fingerprint(model, inputs)
         ownership = Ownership(owner, fingerprint, self.client_id)
         if self._tracer is None:
             await self._outbox.submit(Outgoing(
@@ -256,7 +273,10 @@ class AsyncClient:
 
         Raises UnknownModelError for a model no worker has ever served and nobody
         declared (unless the client was made with ``check_model=False``), rather than
-        letting it wait forever; ValidationError for inputs off a declared spec.
+        letting it wait forever; ValidationError for inputs off a declared spec;
+        RequestConflictError, once its chunk is sent, if some of ``request_ids`` were
+        used before with other inputs (``exc.request_ids``; ``exc.accepted`` names what
+        was enqueued, as for OverloadedError).
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
@@ -270,20 +290,24 @@ class AsyncClient:
         chunk: list[Outgoing] = []
         id_iter = iter(request_ids) if request_ids is not None else None
         for item in inputs:
+            chosen = False  # a caller's ID: fingerprinted (see :meth:`submit`)
             if id_iter is None:
                 rid = new_request_id()
             else:
                 given = next(id_iter, None)
                 if given is None:
                     raise ValidationError("request_ids is shorter than inputs")
+                chosen = bool(given)
                 rid = check_request_id(given) if given else new_request_id()
+            owned = ownership if not chosen or fingerprint is not None else Ownership(
+                owner, inputs_fingerprint(model, item), self.client_id)
             _check_declared(spec, item)
             now = time.time()
             parent = None if tracer is None else _submit_span(tracer, rid, template)
             chunk.append(Outgoing(
                 rid, template.encode(rid, now, item, None if deadline_s is None
                                      else now + deadline_s, parent),
-                template.pending(rid, now), template, ownership, parent))
+                template.pending(rid, now), template, owned, parent))
             if len(chunk) >= SUBMIT_CHUNK:
                 await self._send_admitted(chunk, ids)
                 chunk = []
@@ -306,6 +330,11 @@ class AsyncClient:
             refused = OverloadedError(str(exc), exc.retry_after_s)
             refused.accepted = list(sent)
             raise refused from exc
+        except RequestConflictError as exc:  # this call's own error: the rest went out
+            conflicting = set(exc.request_ids)
+            exc.accepted = [*sent, *(o.request_id for o in chunk
+                                     if o.request_id not in conflicting)]
+            raise
         sent.extend(o.request_id for o in chunk)
 
     async def ensure_model(self, model: str) -> TensorSpec | None:
@@ -318,7 +347,7 @@ class AsyncClient:
         cached = self._models.get(model)
         if cached is not None and now - cached[0] < self._models_ttl_s:
             return cached[1]
-        known, record = await self._registry.lookup(model)
+        known, record = await self._lookup(model)
         if model not in known:
             self._models.pop(model, None)
             raise UnregisteredModelError(model, known)
@@ -329,6 +358,21 @@ class AsyncClient:
         self._shards[model] = record.lane_shards if record is not None else 1
         self._models[model] = (now, spec)
         return spec
+
+    async def _lookup(self, model: str) -> tuple[set[str], ModelRecord | None]:
+        """One registry read per model at a time: a burst of concurrent submits to a model
+        not yet cached shares it, rather than taking a connection each."""
+        read = self._lookups.get(model)
+        if read is None:
+            read = self._lookups[model] = asyncio.ensure_future(self._registry.lookup(model))
+            read.add_done_callback(lambda done: self._forget_lookup(model, done))
+        return await asyncio.shield(read)  # one caller cancelled: the others still wait
+
+    def _forget_lookup(self, model: str, done: asyncio.Future[Any]) -> None:
+        if self._lookups.get(model) is done:
+            del self._lookups[model]
+        if not done.cancelled():
+            done.exception()  # retrieved, even if every waiter was cancelled meanwhile
 
     async def known_models(self) -> set[str]:
         """Every model submits are accepted for: declared, or ever served (one round trip)."""
@@ -358,29 +402,39 @@ class AsyncClient:
             self._control = open_request_control(self._broker, self._store)
         return await self._control.cancel(request_ids)
 
-    async def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
+    async def wait(self, request_id: str, timeout: float | None = 30.0, *,
+                   loss_grace_s: float | None = None) -> Result:
         """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s,
         and RequestLostError (within seconds, even with ``timeout=None``) if it can never
-        finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it."""
-        return (await self._waiter.wait_many([request_id], timeout))[0]
+        finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it.
+
+        ``loss_grace_s`` (default: the client's, 2 s) is how long the ID may look lost
+        before the wait gives it up, counted from when the wait began at the earliest:
+        waiting on an ID that another process will submit later needs at least that
+        long (``producers.waiting``)."""
+        return (await self._waiter.wait_many([request_id], timeout, loss_grace_s))[0]
 
     async def wait_many(
-        self, request_ids: Sequence[str], timeout: float | None = 60.0
+        self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+        loss_grace_s: float | None = None,
     ) -> list[Result]:
-        """Terminal results in the order of ``request_ids``.
+        """Terminal results in the order of ``request_ids`` (``loss_grace_s`` as for
+        :meth:`wait`).
 
         If some requests were lost (see :meth:`wait`), RequestLostError is raised once all
         the others have finished: ``exc.request_ids`` names the lost ones and
         ``exc.results`` holds every result in ``request_ids`` order, None where lost.
         """
-        return await self._waiter.wait_many(request_ids, timeout)
+        return await self._waiter.wait_many(request_ids, timeout, loss_grace_s)
 
     def as_completed(
-        self, request_ids: Sequence[str], timeout: float | None = 60.0
+        self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+        loss_grace_s: float | None = None,
     ) -> AsyncIterator[Result]:
         """Terminal results as they arrive (for progress bars and latency measurement);
-        lost requests are skipped, then named by a RequestLostError at the end."""
-        return self._waiter.as_completed(request_ids, timeout)
+        lost requests are skipped, then named by a RequestLostError at the end
+        (``loss_grace_s`` as for :meth:`wait`)."""
+        return self._waiter.as_completed(request_ids, timeout, loss_grace_s)
 
 
 class Client:
@@ -429,8 +483,9 @@ class Client:
     def get(self, request_id: str) -> Result | None:
         return self._call(self._async.get(request_id))
 
-    def wait(self, request_id: str, timeout: float | None = 30.0) -> Result:
-        return self._call(self._async.wait(request_id, timeout))
+    def wait(self, request_id: str, timeout: float | None = 30.0, *,
+             loss_grace_s: float | None = None) -> Result:
+        return self._call(self._async.wait(request_id, timeout, loss_grace_s=loss_grace_s))
 
     def cancel(self, request_id: str) -> CancelReport:
         return self._call(self._async.cancel(request_id))
@@ -442,9 +497,10 @@ class Client:
         """See :meth:`AsyncClient.models`."""
         return self._call(self._async.models())
 
-    def wait_many(self, request_ids: Sequence[str], timeout: float | None = 60.0
-                  ) -> list[Result]:
-        return self._call(self._async.wait_many(request_ids, timeout))
+    def wait_many(self, request_ids: Sequence[str], timeout: float | None = 60.0, *,
+                  loss_grace_s: float | None = None) -> list[Result]:
+        return self._call(self._async.wait_many(request_ids, timeout,
+                                                loss_grace_s=loss_grace_s))
 
 
 def _check_declared(spec: TensorSpec | None, inputs: Any) -> None:
@@ -457,5 +513,5 @@ async def _make_async(broker: str, results: str | None, options: dict[str, Any])
     return AsyncClient(broker, results, **options)
 
 
-__all__ = ["AsyncClient", "CancelReport", "Client", "OverloadedError", "RequestLostError",
-           "WaitTimeoutError", "new_request_id"]
+__all__ = ["AsyncClient", "CancelReport", "Client", "OverloadedError", "RequestConflictError",
+           "RequestLostError", "WaitTimeoutError", "new_request_id"]

@@ -9,6 +9,10 @@ when there is no concurrency, and the cost per request falls as load rises.
 ``submit_many`` queues a group that is never split, so small concurrent
 ``submit_many`` calls share round trips too.
 
+A send may refuse some items and still send the rest (a request ID already taken by
+other inputs): it returns their positions, and only the submits those items came in
+fail, each with ``refuse(its refused items)``; the others sharing the send succeed.
+
 ``linger_s`` bounds how often sends start: a submit that arrives within ``linger_s`` of
 the last send waits out the rest of it, with whatever else arrives meanwhile. One
 ``submit()`` per incoming call, arriving at thousands per second, would otherwise send
@@ -20,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Coalescer(Generic[T]):
-    def __init__(self, send: Callable[[list[T]], Awaitable[None]], chunk: int,
-                 max_in_flight: int = 2, linger_s: float = 0.0) -> None:
+    def __init__(self, send: Callable[[list[T]], Awaitable[Collection[int] | None]],
+                 chunk: int, max_in_flight: int = 2, linger_s: float = 0.0,
+                 refuse: Callable[[Sequence[T]], BaseException] | None = None) -> None:
         self._send = send
+        self._refuse = refuse or (lambda items: ValueError(f"{len(items)} item(s) refused"))
         self._chunk = chunk
         self._max_in_flight = max_in_flight
         self._linger_s = linger_s
@@ -83,7 +89,7 @@ class Coalescer(Generic[T]):
     async def _send_chunk(self, chunk: Sequence[tuple[Sequence[T], asyncio.Future[None]]]
                           ) -> None:
         try:
-            await self._send([item for items, _ in chunk for item in items])
+            refused = await self._send([item for items, _ in chunk for item in items])
         except BaseException as exc:  # every waiter gets the failure, none hangs
             for _, done in chunk:
                 if not done.done():
@@ -94,6 +100,15 @@ class Coalescer(Generic[T]):
         finally:
             self._in_flight -= 1
             self._schedule_flush(asyncio.get_running_loop())
-        for _, done in chunk:
-            if not done.done():
+        refused_at = sorted(refused) if refused else ()
+        start = 0
+        for items, done in chunk:
+            end = start + len(items)
+            mine = [items[i - start] for i in refused_at if start <= i < end]
+            start = end
+            if done.done():
+                continue
+            if mine:
+                done.set_exception(self._refuse(mine))
+            else:
                 done.set_result(None)

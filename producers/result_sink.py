@@ -15,9 +15,14 @@ class Sink:
     and a batch of them one wake-up of the caller.
     """
 
-    __slots__ = ("cancelled", "lost", "ready", "timed_out", "wake")
+    __slots__ = ("cancelled", "loss_grace_s", "lost", "ready", "started_at", "timed_out",
+                 "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, started_at: float = 0.0, loss_grace_s: float = 0.0) -> None:
+        #: Loop time the wait began, and how long an ID of it may look lost before it
+        #: is given up (counted from then at the earliest: ``producers.waiting``).
+        self.started_at = started_at
+        self.loss_grace_s = loss_grace_s
         self.ready: deque[Result] = deque()
         self.lost: list[str] = []
         self.wake: asyncio.Future[None] | None = None

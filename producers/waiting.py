@@ -19,11 +19,16 @@ Waits that can never end are ended (``RequestLostError``): the safety poll
 also notices an ID whose record is gone (Redis lost its data, or the ID never
 existed) and, once a worker has recorded a lane loss (``Names.lane_loss``), a
 pending request enqueued on that model before the loss. Either must hold for
-``loss_grace_s`` before the wait is given up, so a submit racing the wait, or a
-batch a worker still holds, can land first. Edge: a request waiting in the retry
-schedule when its model's stream was lost is reported lost although the retry
-pump will run it (its result, if it comes, is still stored); and lane losses are
-checked per model, since a pending record does not say its lane.
+``loss_grace_s`` (a parameter of each wait; ``LOSS_GRACE_S`` by default) before the
+wait is given up, so a submit racing the wait, or a batch a worker still holds, can
+land first. The grace is counted per ID from the later of when *this* wait began and
+when the ID was first seen lost, so a wait started before its IDs are submitted (by
+this client, another waiter's submit, another process) gives each of them the whole
+grace to appear; a wait on IDs submitted later than that needs a longer grace.
+Edge: a request waiting in the retry schedule when its model's stream was lost is
+reported lost although the retry pump will run it (its result, if it comes, is still
+stored); and lane losses are checked per model, since a pending record does not say
+its lane.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from batchfleet.schemas.errors import (
     BatchfleetError,
     RequestLostError,
     ResultStoreError,
+    ValidationError,
     WaitTimeoutError,
 )
 from batchfleet.schemas.names import Names
@@ -58,7 +64,8 @@ _ARRIVED_BYTES_CAP = 64 * 1024 * 1024
 _QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
 _CLOSE_TIMEOUT_S = 2.0
-#: How long a wait must look lost (record gone, or lane lost after it) before it ends.
+#: How long a wait must look lost (record gone, or lane lost after it) before it ends,
+#: unless the client or the wait says otherwise (``loss_grace_s``).
 LOSS_GRACE_S = 2.0
 
 
@@ -155,9 +162,13 @@ class ResultWaiter:
             if body is not None:
                 self._arrived_bytes -= len(body)
 
-    def _forget_expected(self) -> None:
-        self._expected.clear()
-        self._arrived_bytes = 0
+    def _forget_unannounced(self) -> None:
+        """After the subscription dropped: forget expectations whose announcement may
+        have gone into the gap (a wait on them reads the store instead), but keep the
+        results that already arrived: the store may have lost them (a restart without
+        persistence), and a wait on them must still get them, not a RequestLostError."""
+        self._expected = {rid: body for rid, body in self._expected.items()
+                          if body is not None}
 
     def _take_expected(self, request_ids: Sequence[str]) -> tuple[list[str], list[Result]]:
         """Split waits into IDs whose result may already be stored (to read) and results
@@ -233,12 +244,14 @@ class ResultWaiter:
                 sink.deliver(res)
 
     def _lose(self, request_ids: Sequence[str]) -> None:
-        for rid in request_ids:
-            self._quiet.discard(rid)
-            self._suspects.pop(rid, None)
-            self._pending_info.pop(rid, None)
-            for sink in self._waiters.pop(rid, ()):
-                sink.lose(rid)
+        """End every wait on these IDs."""
+        self._give_up([(rid, sink) for rid in request_ids for sink in self._waiters.get(rid, ())])
+
+    def _give_up(self, lost: Sequence[tuple[str, Sink]]) -> None:
+        """End the waits of these sinks on these IDs; other waits on them go on."""
+        for rid, sink in lost:
+            self._unregister((rid,), sink)
+            sink.lose(rid)
 
     async def _check_lost(self, unresolved: Sequence[str]) -> None:
         """End the waits on IDs that looked lost for ``loss_grace_s`` (see the module doc)."""
@@ -259,27 +272,33 @@ class ResultWaiter:
         for rid in list(self._suspects):
             if rid not in lost_now:
                 del self._suspects[rid]
-        expired = []
+        expired: list[tuple[str, Sink]] = []
         for rid in lost_now:
             since = self._suspects.setdefault(rid, loop_now)
-            if loop_now - since >= self._loss_grace_s:
-                expired.append(rid)
+            # per wait: never sooner than its own grace after it began
+            expired.extend((rid, sink) for sink in self._waiters.get(rid, ())
+                           if loop_now - max(since, sink.started_at) >= sink.loss_grace_s)
         if expired:
             log.warning("requests lost: their record or their lane's entries are gone",
-                        count=len(expired), request_ids=expired[:5])
-            self._lose(expired)
+                        count=len(expired), request_ids=[rid for rid, _ in expired[:5]])
+            self._give_up(expired)
 
     async def as_completed(
-        self, request_ids: Sequence[str], timeout: float | None
+        self, request_ids: Sequence[str], timeout: float | None,
+        loss_grace_s: float | None = None,
     ) -> AsyncIterator[Result]:
         """Yield terminal results in the order they arrive; WaitTimeoutError if some never do.
 
         Lost requests (see the module doc) are not yielded: once every other one has been,
-        RequestLostError names them all."""
+        RequestLostError names them all. ``loss_grace_s`` (default: the waiter's) is how
+        long an ID may look lost, counted from this call at the earliest."""
+        grace = self._loss_grace_s if loss_grace_s is None else loss_grace_s
+        if grace < 0:
+            raise ValidationError(f"loss_grace_s must not be negative, got {grace}")
         await self.start()
-        sink = Sink()
-        self._register(request_ids, sink)
         loop = asyncio.get_running_loop()
+        sink = Sink(loop.time(), grace)
+        self._register(request_ids, sink)
         # One timer for the whole call, not one per wait.
         alarm = None if timeout is None else loop.call_later(max(0.0, timeout), sink.time_out)
         try:
@@ -314,13 +333,14 @@ class ResultWaiter:
                 alarm.cancel()
             self._unregister(request_ids, sink)
 
-    async def wait_many(self, request_ids: Sequence[str], timeout: float | None) -> list[Result]:
+    async def wait_many(self, request_ids: Sequence[str], timeout: float | None,
+                        loss_grace_s: float | None = None) -> list[Result]:
         """Terminal results in ``request_ids`` order. If some were lost, RequestLostError
         names them once the rest have finished, with ``results`` in the same order (None
         where lost)."""
         by_id: dict[str, Result] = {}
         try:
-            async for r in self.as_completed(request_ids, timeout):
+            async for r in self.as_completed(request_ids, timeout, loss_grace_s):
                 by_id[r.request_id] = r
         except RequestLostError as exc:
             exc.results = [by_id.get(rid) for rid in request_ids]
@@ -344,7 +364,7 @@ class ResultWaiter:
                 await self._pump(subscription)
             except ResultStoreError as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
-                self._forget_expected()  # announcements may be lost meanwhile: read those
+                self._forget_unannounced()  # announcements may be lost meanwhile: read those
                 self._quiet.clear()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -8,7 +8,7 @@ is worth retrying, so the failure policy never has to guess from a message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -178,7 +178,22 @@ class RequestNotFoundError(BatchfleetError):
     wire_type = "not_found"
 
 
-class IdempotencyConflictError(BatchfleetError):
+class RequestConflictError(BatchfleetError):
+    """A request ID reused with another model or other inputs (HTTP 409): the first
+    submit's record stands and the new request was not enqueued, so waiting on the ID
+    would return the first request's result. Use a new ID for a new request.
+    ``request_ids`` names the refused IDs; ``accepted`` those a ``submit_many`` did
+    enqueue (every other one of the call, up to the refusal)."""
+
+    wire_type = "request_conflict"
+
+    def __init__(self, message: str, request_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+        self.accepted: list[str] = []
+
+
+class IdempotencyConflictError(RequestConflictError):
     """An Idempotency-Key reused with another model or another body (HTTP 409)."""
 
     wire_type = "idempotency_conflict"

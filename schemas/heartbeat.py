@@ -15,6 +15,12 @@ from typing import Any
 import msgpack
 
 VERSION = 1
+#: How often a live worker beats (``workers.heartbeat``).
+BEAT_EVERY_S = 2.0
+#: A worker whose last beat is older than this has missed two beats: killed, hung or cut
+#: off. Readers that must not count a dead worker as live (``rollout status``) use this,
+#: not the record's TTL, which keeps a SIGKILLed worker visible for up to 10 s.
+LIVE_WITHIN_S = 5
 #: The worker's counters (``WorkerStats``) carried in a heartbeat.
 COUNTERS = ("batches", "computed", "succeeded", "failed", "expired", "duplicates", "retried",
             "dead_lettered", "quarantined", "undecodable",

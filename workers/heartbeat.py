@@ -27,10 +27,11 @@ from batchfleet.connectors.control_plane import Heartbeats
 from batchfleet.connectors.model_registry import ServedModels
 from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.heartbeat import BEAT_EVERY_S
 
 log = structlog.get_logger("batchfleet.heartbeat")
 
-EVERY_S = 2.0
+EVERY_S = BEAT_EVERY_S  # readers judge liveness by it (``schemas.heartbeat.LIVE_WITHIN_S``)
 TTL_S = 10
 
 

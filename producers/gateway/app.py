@@ -53,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                              model_list_ttl_s=settings.model_list_ttl_s)
         # Its own store handle, for readiness, ownership reads and quotas.
         store = open_result_store(results_url, Names(settings.namespace),
+                                  settings.result_ttl_s,  # quota slots live as long as records
                                   max_connections=settings.redis_max_connections)
         quotas = QuotaGate.over(store)
         app.state.gateway = Gateway(settings, client, store, metrics, quotas, id_secret)

@@ -79,15 +79,13 @@ class Gateway:
     #: HMAC key for derived request IDs (settings.id_secret, or random per process).
     id_secret: bytes
 
-    async def admit(self, key: ApiKey, ids: Sequence[str], deadline_s: float | None,
-                    response: Response) -> None:
-        """Charge ``ids`` to the key's quota (slots held until the deadline, or the result
-        TTL), or raise 429 with nothing enqueued."""
+    async def admit(self, key: ApiKey, ids: Sequence[str], response: Response) -> None:
+        """Charge ``ids`` to the key's quota (slots held until their terminal results, even
+        past a deadline: connectors/quotas.py), or raise 429 with nothing enqueued."""
         quota = key.quota
         if not quota.limited or not ids:
             return
-        life = min(deadline_s or self.settings.result_ttl_s, self.settings.result_ttl_s)
-        verdict = await self.quotas.admit(key.key_id, quota, ids, [life] * len(ids))
+        verdict = await self.quotas.admit(key.key_id, quota, ids)
         if verdict.allowed:
             response.headers.update(verdict.headers(quota))
             return
@@ -98,7 +96,7 @@ class Gateway:
     async def enqueue(self, key: ApiKey, model: str, sub: Submission, ids: list[str],
                       inputs: list[Any], fingerprint: str | None, response: Response) -> None:
         """Admit, then submit owned by ``key``; a failed submit gives its slots back."""
-        await self.admit(key, ids, sub.deadline_s, response)
+        await self.admit(key, ids, response)
         options: dict[str, Any] = {
             "priority": sub.priority, "deadline_s": sub.deadline_s,
             "callback_url": sub.callback_url, "owner": key.key_id, "fingerprint": fingerprint,

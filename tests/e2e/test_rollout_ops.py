@@ -8,7 +8,9 @@ tests need no multi-version worker; the discovery test runs a real one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +20,7 @@ from typer.testing import CliRunner
 
 from batchfleet.cli import app
 from batchfleet.connectors import redis_client
+from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry, open_model_registry
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
 from batchfleet.producers import AsyncClient, Client
@@ -45,9 +48,25 @@ async def _cli(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 async def registry(redis_url: str) -> AsyncIterator[RedisModelRegistry]:
+    """"w-test" serves three versions and beats (reporting no policy epoch), as a live
+    worker that has not picked up any policy would: only a beating worker is live."""
     reg = open_model_registry(redis_url, Names(NS))
     await reg.serve("w-test", {"demo-mlp": VERSIONS})
+    client = redis_client(redis_url)
+    heartbeats = RedisHeartbeats(client, Names(NS))
+
+    async def beat() -> None:
+        while True:
+            await heartbeats.write("w-test", {"worker_id": "w-test", "seen_at": time.time()},
+                                   10)
+            await asyncio.sleep(1.0)
+
+    beating = asyncio.create_task(beat())
     yield reg
+    beating.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await beating
+    await client.aclose()
     await reg.close()
 
 
@@ -108,7 +127,7 @@ async def test_cli_set_and_status_json(registry: RedisModelRegistry, redis_url: 
     assert canary_stats["p50_compute_ms"] >= 3.0
     assert versions["default"]["stats"]["roles"]["stable"]["requests"] == 90
     assert versions["v3"]["stats"] is None
-    # "w-test" registered without a heartbeat: it reports no epoch, so not converged yet
+    # "w-test" beats but reports no epoch, so not converged yet
     assert status["workers"] == {"w-test": {"labels": ["default", "v2", "v3"], "epoch": None}}
     assert status["converged"] is False
     assert [(h["who"], h["why"], h["action"]) for h in status["history"]] == [
