@@ -84,7 +84,8 @@ async def test_terminal_writes_announce_results_once_per_client_channel(redis_ur
         assert got == {NAMES.notify_channel("c1"): {("r1", b"1"), ("r3", b"3")},
                        NAMES.notify_channel("c2"): {("r2", b"2")}}
         # a write that loses (already terminal) announces nothing
-        await store.write_terminal([TerminalWrite("r1", "succeeded", b"again", "c1", notify_format=R)])
+        await store.write_terminal([TerminalWrite("r1", "succeeded", b"again", "c1",
+                                                  notify_format=R)])
         assert await pubsub.get_message(timeout=0.5) is None
     finally:
         await pubsub.aclose()
