@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -45,8 +46,12 @@ def _run_bench(tmp_path: Path, transports: list[str]) -> dict[str, Any]:
             "--sweep-wait", "5", "--producers", "2", "--json"]
     for t in transports:
         args += ["-t", t]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=110, check=False)
+    tmp = tmp_path / "tmp"  # the run's own temp dir: other runs' logs are not its
+    tmp.mkdir()
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=110, check=False,
+                          env={**os.environ, "TMPDIR": str(tmp)})
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not list(tmp.glob("batchfleet-w-*.log"))  # clean workers leave no log behind
     report: dict[str, Any] = json.loads(proc.stdout)
     on_disk = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert on_disk == report
