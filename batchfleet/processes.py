@@ -33,6 +33,7 @@ class WorkerProcess:
         namespace: str = "bf",
         env: dict[str, str] | None = None,
         log_level: str = "info",
+        keep_log: bool = True,
     ) -> None:
         self.worker_id = f"w-{uuid.uuid4().hex[:8]}"
         self.broker = broker
@@ -50,6 +51,9 @@ class WorkerProcess:
         self.args += list(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        #: False: the log file is removed when the worker exits cleanly (the benchmark
+        #: starts dozens); a worker that failed keeps it, for its tail.
+        self.keep_log = keep_log
 
     def start(self) -> WorkerProcess:
         """Start the worker process (once: a second start would leak the first)."""
@@ -110,4 +114,6 @@ class WorkerProcess:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.terminate()
+        code = self.terminate()
+        if not self.keep_log and exc_type is None and code == 0:
+            self.log_path.unlink(missing_ok=True)

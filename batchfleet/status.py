@@ -68,7 +68,7 @@ def _table(title: str | None, columns: Sequence[tuple[str, bool]], *, no_headers
 def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Table:
     """One row per lane; ``wide`` adds the pending (delivered, unacked) count and how many
     shard streams the row adds up (``--lane-shards``)."""
-    table = _table(f"batchfleet · {snap.namespace} on {snap.broker} · "
+    table = _table(f"batchfleet · {snap.namespace} on {snap.broker_title} · "
                    f"{human_time(snap.taken_at)}",
                    [(col, col not in ("model", "lane", "breakers")) for col in (
                        "model", "lane", *(("shards",) if wide else ()), "depth",

@@ -2,9 +2,12 @@
 
 The publish side lives inside the first-wins terminal write (``_WRITE_TERMINAL``
 in ``result_store``), so an announcement is never sent for a write that lost.
-A waiter subscribes to its own client's channel; each message is a batch of
-(request ID, result body) pairs, so the waiter needs no read-back. Pub/sub is
-at-most-once: callers keep a slow poll as the safety net.
+A waiter subscribes to its own client's channel. A message comes in one of two
+formats (docs/wire-format.md §8): (request ID, result body) pairs, for requests
+that asked for them (``notify_format`` results), so the waiter needs no
+read-back; or the IDs alone, comma-joined, for every other request (clients
+written before one-hop delivery, and cancels), which the waiter reads back.
+Pub/sub is at-most-once: callers keep a slow poll as the safety net.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster, refresh_topology
-from batchfleet.schemas.errors import ResultStoreError
+from batchfleet.schemas.errors import ResultStoreError, ValidationError
 from batchfleet.schemas.names import Names
+from batchfleet.schemas.validation import check_request_id
 
 _CLOSE_TIMEOUT_S = 2.0
 
@@ -30,11 +34,21 @@ log = structlog.get_logger("batchfleet.client")
 
 class Announced(NamedTuple):
     request_id: str
-    body: bytes
+    #: The result envelope; None when the message carried the ID alone (read it back).
+    body: bytes | None
 
 
 def parse_announcement(data: bytes) -> list[Announced]:
-    """A msgpack array alternating request ID (str) and result body (bin); [] if not."""
+    """A msgpack array alternating request ID (str) and result body (bin), or comma-joined
+    request IDs (bodies None); [] for anything else.
+
+    The two cannot be confused: IDs are ASCII, and an array starts with a byte >= 0x90."""
+    if data and data[0] < 0x80:
+        try:
+            ids = [check_request_id(rid) for rid in data.decode("ascii").split(",")]
+            return [Announced(rid, None) for rid in ids]
+        except (UnicodeDecodeError, ValidationError):
+            pass
     try:
         flat = msgpack.unpackb(data, raw=False, use_list=True)
         if isinstance(flat, list) and len(flat) % 2 == 0:
@@ -54,7 +68,7 @@ class RedisSubscription:
 
     @wrap_errors(ResultStoreError, "result subscription lost")
     async def next(self, timeout_s: float) -> list[Announced]:
-        """(request ID, result body) pairs of the next announcement, or [] when none came
+        """(request ID, result body or None) pairs of the next announcement, or [] when none came
         within ``timeout_s``. A message that is not a well-formed announcement is dropped
         with a warning: the safety poll still finds those results."""
         if self._sharded:

@@ -46,6 +46,7 @@ from batchfleet.connectors.result_store import (
     TerminalWrite,
     text_or_none,
 )
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -129,20 +130,26 @@ class ClusterResultStore(ResultStore):
             won = [not isinstance(o, int) for o in owners]
             freed: dict[str, list[str]] = {}
             told: dict[str, list[Any]] = {}
+            told_ids: dict[str, list[str]] = {}
             for w, owner, ok in zip(writes, owners, won, strict=True):
                 if not ok:
                     continue
                 if owner:
                     freed.setdefault(_str(owner), []).append(w.request_id)
-                if w.notify_channel:
+                if w.notify_channel and w.notify_format == NOTIFY_RESULTS:
                     told.setdefault(self._names.notify_channel(w.notify_channel), []).extend(
                         (w.request_id, w.body))
-            if freed or told:
+                elif w.notify_channel:
+                    told_ids.setdefault(self._names.notify_channel(w.notify_channel),
+                                        []).append(w.request_id)
+            if freed or told or told_ids:
                 pipe = self._redis.pipeline(transaction=False)
                 for owner, ids in freed.items():
                     pipe.zrem(self._inflight_prefix + owner, *ids)
                 for channel, flat in told.items():
                     pipe.spublish(channel, msgpack.packb(flat, use_bin_type=True))
+                for channel, ids in told_ids.items():
+                    pipe.spublish(channel, ",".join(ids))
                 await pipe.execute()
         return won
 

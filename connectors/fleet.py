@@ -31,13 +31,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
-from batchfleet.connectors.redis_client import names_for
+from batchfleet.connectors.redis_client import is_cluster_url, names_for
 from batchfleet.connectors.urls import BrokerURL
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.heartbeat import COUNTERS, HeartbeatRecord, decode_heartbeat
@@ -123,6 +123,13 @@ class FleetSnapshot:
     workers: tuple[WorkerView, ...]
     undecodable: int
     retry_scheduled: int
+    #: The broker is a Redis Cluster (``broker`` stays ``redis``: the kind scripts match).
+    cluster: bool = False
+
+    @property
+    def broker_title(self) -> str:
+        """How a title names the broker: ``redis cluster`` for ``redis+cluster://``."""
+        return "redis cluster" if self.cluster else self.broker
 
     @property
     def throughput_rps(self) -> float:
@@ -275,8 +282,9 @@ class FleetReader:
         sizes = {m: int(n) for m, n in zip(candidates, await pipe.execute(), strict=True) if n}
         every = sorted({*models, *sizes, *(m for w in workers for m in w.models)})
         streams = await self._read_streams(every) if self._streams is not None else {}
-        return summarize(self._broker.kind, names.prefix, models, workers, streams, sizes,
+        snap = summarize(self._broker.kind, names.prefix, models, workers, streams, sizes,
                          int(undecodable), int(retry_scheduled), now)
+        return replace(snap, cluster=is_cluster_url(self._broker.url))
 
     async def _read_streams(self, models: Sequence[str]) -> dict[tuple[str, str], StreamStats]:
         """Every lane's shard streams (one round trip for the shard counts, one for them)."""

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS
 from batchfleet.schemas.errors import ResultStoreError, TransportError
 from batchfleet.schemas.names import Names
 
@@ -73,8 +74,9 @@ return out
 
 #: ARGV[3] is the in-flight key prefix: a won write frees the owner's quota slot
 #: (connectors/quotas.py), so workers need not know about quotas. Each client channel
-#: gets one message: a msgpack array alternating request ID and result body
-#: (docs/wire-format.md, "Result announcements").
+#: gets one message per format its requests asked for (docs/wire-format.md §8): a
+#: msgpack array alternating request ID and result body (``notify_format`` results), or
+#: the IDs comma-joined (every other request: what clients before one-hop delivery read).
 _WRITE_TERMINAL = """
 -- msgpack headers by hand: cmsgpack would send bodies as str, not bin
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
@@ -93,9 +95,11 @@ local meta = cmsgpack.unpack(ARGV[2])
 local inflight = ARGV[3]
 local out = {}
 local channels = {}
+local id_lists = {}
 for i, key in ipairs(KEYS) do
   local m = meta[i]
   local rid, status, channel, gen, body = m[1], m[2], m[3], m[4], ARGV[i + 3]
+  local pairs_wanted = m[5] == 1
   local cur = redis.call('HMGET', key, 'status', 'gen', 'owner')
   local cur_gen = tonumber(cur[2]) or 0
   if (not cur[1] or cur[1] == 'pending') and gen >= cur_gen then
@@ -103,7 +107,11 @@ for i, key in ipairs(KEYS) do
     redis.call('EXPIRE', key, ttl)
     if cur[3] then redis.call('ZREM', inflight .. cur[3], rid) end
     out[i] = 1
-    if channel ~= '' then
+    if channel ~= '' and not pairs_wanted then
+      local ids = id_lists[channel]
+      if not ids then ids = {}; id_lists[channel] = ids end
+      ids[#ids + 1] = rid
+    elseif channel ~= '' then
       local parts = channels[channel]
       if not parts then parts = {}; channels[channel] = parts end
       parts[#parts + 1] = str_h(#rid) .. rid
@@ -116,6 +124,9 @@ for i, key in ipairs(KEYS) do
 end
 for channel, parts in pairs(channels) do
   redis.call('PUBLISH', channel, array_h(#parts / 3 * 2) .. table.concat(parts))
+end
+for channel, ids in pairs(id_lists) do
+  redis.call('PUBLISH', channel, table.concat(ids, ','))
 end
 return out
 """
@@ -265,6 +276,8 @@ class TerminalWrite:
     body: bytes
     notify_channel: str | None = None
     generation: int = 0
+    #: ``NOTIFY_RESULTS``: announce the body with the ID; None: the ID alone (§8).
+    notify_format: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +356,7 @@ class ResultStore:
         channel = self._names.notify_channel
         meta = msgpack.packb([
             (w.request_id, w.status, channel(w.notify_channel) if w.notify_channel else "",
-             w.generation) for w in writes])
+             w.generation, int(w.notify_format == NOTIFY_RESULTS)) for w in writes])
         args: list[Any] = [self.ttl_s, meta, self._inflight_prefix, *(w.body for w in writes)]
         with wrap_errors(ResultStoreError, "cannot write results"):
             won = await self._write_terminal(keys=keys, args=args)

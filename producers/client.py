@@ -37,7 +37,7 @@ from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
 from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
-from batchfleet.schemas.envelopes import Result
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result
 from batchfleet.schemas.errors import (
     OverloadedError,
     RequestConflictError,
@@ -198,7 +198,8 @@ class AsyncClient:
         if template is None:
             template = RequestTemplate(
                 model, key[1], notify=self.client_id, callback_url=callback_url, owner=owner,
-                version=version, routing_key=routing_key, cache=cache)
+                version=version, routing_key=routing_key, cache=cache,
+                notify_format=NOTIFY_RESULTS)  # the waiter reads the bodies it carries
             if len(self._templates) >= _MAX_TEMPLATES:
                 self._templates.clear()
             self._templates[key] = template

@@ -382,7 +382,12 @@ class ResultWaiter:
                 bodies: list[bytes] = []
                 unreadable: list[str] = []
                 for rid, body in announced:
-                    if rid in self._waiters:
+                    if body is None:  # the ID alone (a cancel, §8): read it back
+                        if rid in self._waiters:
+                            unreadable.append(rid)
+                        elif self._expected.get(rid, b"") is None:
+                            del self._expected[rid]  # so a later wait reads it at once
+                    elif rid in self._waiters:
                         bodies.append(body)
                     elif rid in self._expected:
                         self._keep(rid, body)  # done before anyone waited: keep it for then

@@ -31,6 +31,7 @@ from batchfleet.schemas.envelopes import (
     _traceparent,
     check_version_label,
     decode_request,
+    notify_format_of,
 )
 from batchfleet.schemas.errors import SchemaError
 from batchfleet.schemas.names import LANE_INTERACTIVE, check_lane
@@ -134,12 +135,12 @@ def _common(obj: Any, memo: dict[tuple[str, Any], Any],
         version = _memo(memo, check_version_label, "version", version)
     if routing is not None:
         routing = _routing_key(routing)
-    traceparent = get("traceparent")
+    traceparent, notify_format = get("traceparent"), get("notify_format")
     request = Request(
         rid, model, _MISSING, lane, enqueued or 0.0, deadline, callback,  # type: ignore[arg-type]
         notify, max(1, attempt), generation, [] if history is None else history, owner,
         version, routing, None if traceparent is None else _traceparent(traceparent),
-        cache is not False,
+        cache is not False, None if notify_format is None else notify_format_of(notify_format),
     )
     inputs = get("inputs")
     spec = cached_spec(inputs)

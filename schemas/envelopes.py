@@ -34,6 +34,13 @@ STATUSES: Final = ("pending", "succeeded", "failed", "expired", "cancelled")
 #: ``cancelled``: a cancel or a lane purge answered it before any worker computed it.
 TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "expired", "cancelled"})
 
+#: Announcement formats a request's ``notify_format`` asks for (docs/wire-format.md §8).
+#: ``ids`` (what a request that does not ask gets): the IDs, comma-joined, as clients
+#: written before one-hop delivery read them. ``results``: a msgpack array alternating
+#: ID and result body, so the waiter needs no read-back.
+NOTIFY_IDS: Final = "ids"
+NOTIFY_RESULTS: Final = "results"
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -109,6 +116,8 @@ class Request:
     traceparent: str | None = None
     #: False: never answer it from the result cache, nor store its result (docs/cache.md).
     cache: bool = True
+    #: How its announcement is framed: ``NOTIFY_RESULTS``, or None for ``NOTIFY_IDS``.
+    notify_format: str | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +169,7 @@ def encode_request(req: Request) -> bytes:
     _owner(req.owner)
     check_version_label(req.version)
     _routing_key(req.routing_key)
+    notify_format = notify_format_of(req.notify_format)
     body: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "id": req.request_id,
@@ -172,6 +182,7 @@ def encode_request(req: Request) -> bytes:
         "attempt": req.attempt,
         "generation": req.generation,
         "errors": req.history,
+        **({} if notify_format is None else {"notify_format": notify_format}),
         **({} if req.owner is None else {"owner": req.owner}),
         **({} if req.version is None else {"version": req.version}),
         **({} if req.routing_key is None else {"routing_key": req.routing_key}),
@@ -223,7 +234,8 @@ def peek_header(raw: bytes, max_keys: int = 16) -> dict[str, Any]:
     try:
         for _ in range(min(unpacker.read_map_header(), max_keys)):
             key = unpacker.unpack()
-            if key in ("v", "id", "model", "notify", "enqueued_at", "generation", "callback_url"):
+            if key in ("v", "id", "model", "notify", "notify_format", "enqueued_at",
+                       "generation", "callback_url"):
                 found[key] = unpacker.unpack()
             else:
                 unpacker.skip()
@@ -339,6 +351,7 @@ def request_from_header(header: RequestHeader) -> Request:
         routing_key=_routing_key(obj.get("routing_key")),
         traceparent=_traceparent(obj.get("traceparent")),
         cache=_cache_flag(obj.get("cache", True)),
+        notify_format=notify_format_of(obj.get("notify_format")),
     )
 
 
@@ -398,6 +411,18 @@ def _notify(value: Any) -> str | None:
     if not isinstance(value, str):
         raise ValidationError(f"notify must be a string, got {type(value).__name__}")
     return check_notify(value)
+
+
+def notify_format_of(value: Any) -> str | None:
+    """``NOTIFY_RESULTS``, or None for the comma-joined IDs every client understands.
+
+    A format this worker does not know gets the IDs too, rather than a failure: a
+    newer client must read them anyway (cancels announce that way, §8)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"notify_format must be a string, got {type(value).__name__}")
+    return NOTIFY_RESULTS if value == NOTIFY_RESULTS else None
 
 
 def _history(value: Any) -> list[dict[str, Any]]:

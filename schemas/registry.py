@@ -357,6 +357,9 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
             if key == F_LANE_SHARDS_MAX:
                 lane_shards_max = int(raw)
                 continue
+            if not (key.startswith((VERSION_PREFIX, SERVED_PREFIX))
+                    or key in (F_DECLARED, F_POLICY)):
+                continue  # a later version's field: ignored, as the wire doc promises
             value = msgpack.unpackb(raw, raw=False)
             if key.startswith(VERSION_PREFIX):
                 label = key[len(VERSION_PREFIX):]

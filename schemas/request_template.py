@@ -30,6 +30,7 @@ from batchfleet.schemas.envelopes import (
     Result,
     encode_request,
     encode_result,
+    notify_format_of,
 )
 from batchfleet.schemas.tensors import Tensors, as_array, encode_tensor, encode_tensors
 
@@ -89,7 +90,7 @@ def pack_inputs(value: Tensors | Any) -> bytes:
 
 class RequestTemplate:
     """Encodes requests that share model, lane, callback, notify, owner, version,
-    routing key and cache flag; see the module doc.
+    routing key, cache flag and announcement format; see the module doc.
 
     Building one validates those fields exactly as ``encode_request`` does (it encodes
     a probe request), so a bad one raises ValidationError here, once.
@@ -97,17 +98,20 @@ class RequestTemplate:
 
     __slots__ = ("_head", "_head_traced", "_mid", "_pending_head", "_pending_mid",
                  "_pending_tail", "_pk", "_reference", "_tail", "_tail_traced", "cache",
-                 "callback_url", "lane", "model", "notify", "owner", "routing_key", "version")
+                 "callback_url", "lane", "model", "notify", "notify_format", "owner",
+                 "routing_key", "version")
 
     def __init__(self, model: str, lane: str, *, notify: str | None = None,
                  callback_url: str | None = None, owner: str | None = None,
                  version: str | None = None, routing_key: str | None = None,
-                 cache: bool = True) -> None:
+                 cache: bool = True, notify_format: str | None = None) -> None:
         self.model, self.lane, self.notify, self.callback_url = model, lane, notify, callback_url
+        self.notify_format = notify_format_of(notify_format)
         self.owner, self.version, self.routing_key, self.cache = owner, version, routing_key, cache
         #: Its own packer: a template serves one client, so one thread.
         self._pk = msgpack.Packer(use_bin_type=True).pack
-        optional = [(k, v) for k, v in (("owner", owner), ("version", version),
+        optional = [(k, v) for k, v in (("notify_format", self.notify_format),
+                                        ("owner", owner), ("version", version),
                                         ("routing_key", routing_key)) if v is not None]
         # Fields in encode_request's order: id, times, constants, traceparent, cache, inputs.
         entries = 12 + len(optional) + (0 if cache else 1)
@@ -139,7 +143,8 @@ class RequestTemplate:
                        enqueued_at=enqueued_at, deadline_at=deadline_at,
                        callback_url=self.callback_url, notify=self.notify, owner=self.owner,
                        version=self.version, routing_key=self.routing_key,
-                       traceparent=traceparent, cache=self.cache)
+                       traceparent=traceparent, cache=self.cache,
+                       notify_format=self.notify_format)
 
     def encode(self, request_id: str, enqueued_at: float, inputs: Any,
                deadline_at: float | None = None, traceparent: str | None = None) -> bytes:

@@ -146,7 +146,8 @@ class ResultWriter:
         all_answers = [storable(a) for a in (*answers, *settled.answers)]
         bodies = encode_results([a.result for a in all_answers])
         writes = [
-            TerminalWrite(a.result.request_id, a.result.status, body, a.notify, a.generation)
+            TerminalWrite(a.result.request_id, a.result.status, body, a.notify, a.generation,
+                          a.notify_format)
             for a, body in zip(all_answers, bodies, strict=True)
         ]
         hooked = [a for a in all_answers if a.callback_url]

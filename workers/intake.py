@@ -25,6 +25,7 @@ from batchfleet.schemas.envelopes import (
     Result,
     decode_request_header,
     lua_exact_generation,
+    notify_format_of,
     request_from_header,
 )
 from batchfleet.schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
@@ -66,6 +67,8 @@ class Answer:
     generation: int = 0
     #: Where the caller wants the terminal result delivered (a webhook), if anywhere.
     callback_url: str | None = None
+    #: How the announcement on ``notify``'s channel is framed (``Request.notify_format``).
+    notify_format: str | None = None
 
 
 @dataclass(slots=True)
@@ -90,7 +93,8 @@ def answer_without_compute(
         queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
         owner=request.owner,
     )
-    return Answer(delivery, result, request.notify, request.generation, request.callback_url)
+    return Answer(delivery, result, request.notify, request.generation, request.callback_url,
+                  request.notify_format)
 
 
 def decode_deliveries(
@@ -216,7 +220,7 @@ def answers_from_run(
             req.generation, {}, req.owner,
         )
         answers.append(Answer(job.delivery, result, req.notify, req.generation,
-                              req.callback_url))
+                              req.callback_url, req.notify_format))
     return answers, failed
 
 
@@ -247,6 +251,7 @@ def _partial_request(request_id: str, model: object, fields: Mapping[str, object
         request_id, model if isinstance(model, str) else "", {},
         enqueued_at=float(enqueued) if isinstance(enqueued, int | float) else 0.0,
         notify=_valid_or_none(check_notify, fields.get("notify")),
+        notify_format=_valid_or_none(notify_format_of, fields.get("notify_format")),
         callback_url=callback if isinstance(callback, str) else None,
         # without it, the answer to a replayed request would be fenced off as stale
         generation=lua_exact_generation(fields.get("generation")),
@@ -254,7 +259,7 @@ def _partial_request(request_id: str, model: object, fields: Mapping[str, object
     )
 
 
-def _valid_or_none(check: Callable[[object], str], value: object) -> str | None:
+def _valid_or_none(check: Callable[[object], str | None], value: object) -> str | None:
     try:
         return check(value)
     except ValidationError:

@@ -34,12 +34,13 @@ _PARTITIONS = 4  # the fleet's default --kafka-partitions
 def request_payload(model: str = "demo-mlp") -> bytes:
     """One encoded request envelope as the SDK publishes it (ID, model, notify, tensor)."""
     from batchfleet.producers.client import new_request_id
-    from batchfleet.schemas.envelopes import Request, encode_request
+    from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Request, encode_request
 
     row = np.random.default_rng(7).random(10, dtype=np.float32)
     return encode_request(Request(request_id=new_request_id(), model=model, inputs=row,
                                   enqueued_at=time.time(),
-                                  notify=f"client-{uuid.uuid4().hex[:12]}"))
+                                  notify=f"client-{uuid.uuid4().hex[:12]}",
+                                  notify_format=NOTIFY_RESULTS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,13 @@ from typing import Any
 from batchfleet.bench.capacity_meter import METERS, Counts
 from batchfleet.demo import demo_inputs
 from batchfleet.producers.client import SUBMIT_CHUNK
-from batchfleet.schemas.envelopes import Request, Result, encode_request, encode_result
+from batchfleet.schemas.envelopes import (
+    NOTIFY_RESULTS,
+    Request,
+    Result,
+    encode_request,
+    encode_result,
+)
 from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 
 WAIT_TIMEOUT_S = 300.0
@@ -181,7 +187,8 @@ def sizes_for(names: Names, model: str, client_id: str, sample: Result,
     hash tag is ``{r0}`` to ``{r15}``, so lengths differ by one)."""
     rid = uuid.uuid4().hex
     row = demo_inputs(model, 1)[0]
-    req = Request(rid, model, row, LANE_INTERACTIVE, enqueued_at=time.time(), notify=client_id)
+    req = Request(rid, model, row, LANE_INTERACTIVE, enqueued_at=time.time(), notify=client_id,
+                  notify_format=NOTIFY_RESULTS)
     pending = Result(rid, "pending", model=model, enqueued_at=req.enqueued_at)
     sizes = Sizes(len(encode_request(req)), len(encode_result(pending)),
                   len(encode_result(sample)), len(rid), len(names.result(rid)),

@@ -100,7 +100,7 @@ async def _end_to_end(svc_redis: str, model: str, choice: RuntimeChoice, batch_s
     args = ("--max-batch-size", str(batch_size), "--max-wait-ms", "5",
             "--runtime", choice.runtime, "--precision", choice.precision)
     proc = WorkerProcess(svc_redis, svc_redis, models=(model,), namespace=namespace,
-                         log_level="warning", extra_args=args)
+                         log_level="warning", extra_args=args, keep_log=False)
     with proc:
         start = time.perf_counter()
         await asyncio.to_thread(proc.wait_ready, 600.0)

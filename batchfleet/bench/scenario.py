@@ -56,7 +56,7 @@ class Phases:
 
 
 def worker_overhead_us(worker_cpu_s: float, compute_s: float, requests: int,
-                       model_cpu_per_wall: float) -> dict[str, float]:
+                       model_cpu_per_wall: float) -> dict[str, float | None]:
     """Worker CPU per request that is not the model, two ways.
 
     ``as_specified``: worker CPU minus the summed ``compute_ms`` (wall time of the
@@ -64,12 +64,18 @@ def worker_overhead_us(worker_cpu_s: float, compute_s: float, requests: int,
     CPU it burns per wall second (measured on the model-alone loop: torch's second
     thread and OpenMP spin-waits make it up to 2x), which is the fairer reading
     when torch uses more than one thread.
+
+    None where the reading is not a measurement: no requests, or a difference below
+    zero. Worker CPU can only fall below the compute step's wall time when the step was
+    descheduled (a shared machine), and the subtraction then says nothing about
+    overhead: the report shows "-" rather than a negative cost.
     """
     if requests == 0:
-        return {"as_specified": float("nan"), "cpu_corrected": float("nan")}
+        return {"as_specified": None, "cpu_corrected": None}
     raw = (worker_cpu_s - compute_s) / requests * 1e6
     corrected = (worker_cpu_s - compute_s * model_cpu_per_wall) / requests * 1e6
-    return {"as_specified": round(raw, 2), "cpu_corrected": round(corrected, 2)}
+    return {"as_specified": round(raw, 2) if raw >= 0 else None,
+            "cpu_corrected": round(corrected, 2) if corrected >= 0 else None}
 
 
 def summarize_closed(run: ClosedLoopRun, model_cpu_per_wall: float) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from batchfleet.producers.bulk.errors import (
     InputFormatError,
     JobConflictError,
     LeaseLostError,
+    NotStartedError,
     OutputMissingError,
 )
 from batchfleet.producers.bulk.job import Endpoints, run_job
@@ -47,6 +48,7 @@ __all__ = [
     "LeaseLostError",
     "LogProgress",
     "NoProgress",
+    "NotStartedError",
     "OutputMissingError",
     "ProgressReporter",
     "Tuning",

@@ -36,6 +36,7 @@ from batchfleet.producers.bulk.job import (
     Context,
     Endpoints,
     holding_lease,
+    not_started,
     score_pass,
     scoring_session,
     worker_watch,
@@ -157,13 +158,15 @@ async def run_dataset(spec: DatasetSpec, endpoints: Endpoints, *, tuning: Tuning
     bulk_jobs = open_bulk_jobs(endpoints.results_url, names)
     jobs = JobStore(bulk_jobs, spec.record_id)
     try:
-        record = await jobs.claim(spec, total, restart)
+        with not_started():
+            record = await jobs.claim(spec, total, restart)
         if spec.shard.of > 1:
             await bulk_jobs.index_shard(spec.job_id, spec.record_id, time.time(), JOB_TTL_S)
         if restart:
             shutil.rmtree(spec.staging, ignore_errors=True)
+        todo = None if record.status == "finished" else spec.model
         try:
-            async with scoring_session(endpoints) as (client, store):
+            async with scoring_session(endpoints, todo, record.rows_done) as (client, store):
                 run = _Run(spec, record, jobs, client, store, tuning, progress or NoProgress())
                 return await holding_lease(jobs, _score_parts(run, total))
         finally:

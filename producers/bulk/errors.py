@@ -52,6 +52,13 @@ class OutputMissingError(BulkError):
     wire_type = "bulk_output_missing"
 
 
+class NotStartedError(BulkError):
+    """The run failed before it scored a row (the fleet unreachable, the model unknown)
+    and the job has no saved progress: there is nothing to resume, so none is offered."""
+
+    wire_type = "bulk_not_started"
+
+
 class EarlyStopError(BulkError):
     """The first rows of a job all failed the same way: the input or options are wrong.
 

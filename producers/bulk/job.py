@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +27,12 @@ from batchfleet.connectors import (
 )
 from batchfleet.connectors.bulk_jobs import open_bulk_jobs
 from batchfleet.connectors.result_store import ResultStore
-from batchfleet.producers.bulk.errors import EarlyStopError, LeaseLostError
+from batchfleet.producers.bulk.errors import (
+    BulkError,
+    EarlyStopError,
+    LeaseLostError,
+    NotStartedError,
+)
 from batchfleet.producers.bulk.files import check_files
 from batchfleet.producers.bulk.guard import EarlyStop, with_hint
 from batchfleet.producers.bulk.progress import NoProgress, ProgressReporter
@@ -43,6 +48,7 @@ from batchfleet.producers.client import AsyncClient
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import BatchfleetError, ConfigError
 from batchfleet.schemas.names import Names
+from batchfleet.schemas.registry import UnregisteredModelError
 
 log = structlog.get_logger("batchfleet.bulk")
 T = TypeVar("T")
@@ -102,14 +108,16 @@ async def run_job(
     bulk_jobs = open_bulk_jobs(endpoints.results_url, names)
     jobs = JobStore(bulk_jobs, spec.job_id)
     try:
-        record = await jobs.claim(spec, source.total, restart)
+        with not_started():
+            record = await jobs.claim(spec, source.total, restart)
         spec = spec.resuming(record.identity)  # a job from before per-job errors files
         if restart:
             from batchfleet.producers.bulk.merge import discard_staging
 
             discard_staging(spec)  # what an interrupted --retry-failed left beside the files
+        todo = None if record.status == "finished" else spec.model
         try:
-            async with scoring_session(endpoints) as (client, store):
+            async with scoring_session(endpoints, todo, record.position.rows) as (client, store):
                 ctx = Context(spec, record, source, jobs, client, store, tuning,
                               progress or NoProgress())
                 return await holding_lease(jobs, _dispatch(ctx, retry_failed))
@@ -120,25 +128,48 @@ async def run_job(
 
 
 @contextlib.asynccontextmanager
-async def scoring_session(endpoints: Endpoints
+async def scoring_session(endpoints: Endpoints, model: str | None = None, saved_rows: int = 0
                           ) -> AsyncIterator[tuple[AsyncClient, ResultStore]]:
-    """The SDK client and result store one bulk run scores through (a file or a dataset)."""
-    async with AsyncClient(endpoints.broker, endpoints.results, namespace=endpoints.namespace,
-                           poll_interval_s=RESULT_POLL_S) as client:
+    """The SDK client and result store one bulk run scores through (a file or a dataset).
+
+    ``model`` (when there is work left) is checked first, before any output file is
+    opened: an unknown one fails the run leaving nothing behind."""
+    async with contextlib.AsyncExitStack() as stack:
+        with not_started(saved_rows):
+            client = await stack.enter_async_context(AsyncClient(
+                endpoints.broker, endpoints.results, namespace=endpoints.namespace,
+                poll_interval_s=RESULT_POLL_S))
+            if model is not None:
+                await client.ensure_model(model)
         store = open_result_store(endpoints.results_url, Names(endpoints.namespace))
-        try:
-            yield client, store
-        finally:
-            await store.close()
+        stack.push_async_callback(store.close)
+        yield client, store
+
+
+@contextlib.contextmanager
+def not_started(saved_rows: int = 0) -> Iterator[None]:
+    """Errors before the first row is scored become :class:`NotStartedError` when the job
+    has no saved progress, so no one is told to resume what never began. An unknown
+    model is worded for the command line (bulk has no ``check_model`` to turn off)."""
+    try:
+        yield
+    except UnregisteredModelError as exc:
+        raise NotStartedError(exc.advice("cli")) from exc
+    except BulkError:
+        raise  # its own type says what to do (a conflict, a bad input)
+    except (BatchfleetError, OSError) as exc:
+        if saved_rows:
+            raise
+        raise NotStartedError(describe(exc) if not str(exc).strip() else str(exc)) from exc
 
 
 async def _dispatch(ctx: Context, retry_failed: bool) -> JobReport:
-    from batchfleet.producers.bulk.retry import retry_failed_rows
-
     retrying = retry_failed or ctx.record.status == "retrying"  # an interrupted retry goes on
     finished = ctx.record.status in ("finished", "retrying")
     check_files(ctx.spec, ctx.record.position, finished, errors=retrying or not finished)
     if retrying:
+        from batchfleet.producers.bulk.retry import retry_failed_rows
+
         return await retry_failed_rows(ctx)
     if ctx.record.status == "finished":
         log.info("bulk job already finished", job_id=ctx.spec.job_id)

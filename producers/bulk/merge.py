@@ -14,27 +14,22 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
-import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
 from batchfleet.producers.bulk.errors import BulkError
 from batchfleet.producers.bulk.rows import Position, Row
 from batchfleet.producers.bulk.sink_npy import NpySink
-from batchfleet.producers.bulk.sink_parquet import parquet_cell
 from batchfleet.producers.bulk.sinks import Sink, SinkBase, dumps, output_record, sync
 from batchfleet.producers.bulk.spec import JobSpec
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 
-_BATCH_ROWS = 65_536
+BATCH_ROWS = 65_536
 
 
 def staging(path: Path) -> Path:
     return path.with_name(f".{path.name}.retry")
 
 
-def _short(spec: JobSpec) -> BulkError:
+def short(spec: JobSpec) -> BulkError:
     return BulkError(f"{spec.output} has fewer records than the job has rows: it was changed "
                      "after the job finished; run a new job instead")
 
@@ -70,7 +65,7 @@ class JsonlMerger(_Replacing):
         while self._copied <= row.index:
             line = self._old.readline()
             if not line:
-                raise _short(self._spec)
+                raise short(self._spec)
             if self._copied < row.index:
                 self._new.write(line)
             self._copied += 1
@@ -85,61 +80,6 @@ class JsonlMerger(_Replacing):
     def close(self) -> None:
         self._old.close()
         self._new.close()
-        super().close()
-
-
-class ParquetMerger(_Replacing):
-    def __init__(self, spec: JobSpec) -> None:
-        super().__init__(spec)
-        self._file = pq.ParquetFile(spec.output)
-        self._schema = self._file.schema_arrow
-        self._value_type = self._schema.field("outputs").type.value_type
-        self._batches = self._file.iter_batches(batch_size=_BATCH_ROWS)
-        self._writer: Any = pq.ParquetWriter(staging(spec.output), self._schema)
-        self._batch: Any = None
-        self._base = 0
-        self._fixes: dict[int, tuple[str, Any]] = {}
-
-    def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
-        while self._batch is None or row.index >= self._base + self._batch.num_rows:
-            self._write_batch()
-            self._batch = next(self._batches, None)
-            if self._batch is None:
-                raise _short(self._spec)
-        status, flat, error = parquet_cell(result, error)
-        self._fixes[row.index - self._base] = (status, flat)
-        return error
-
-    def _write_batch(self) -> None:
-        if self._batch is None:
-            return
-        batch = self._batch
-        if self._fixes:
-            statuses = batch.column("status").to_pylist()
-            outputs = batch.column("outputs").to_pylist()
-            for k, (status, flat) in self._fixes.items():
-                statuses[k], outputs[k] = status, None if flat is None else flat.tolist()
-            columns = {"status": pa.array(statuses, type=pa.string()),
-                       "outputs": pa.array(outputs, type=pa.list_(self._value_type))}
-            batch = pa.RecordBatch.from_arrays(
-                [columns.get(name, batch.column(name)) for name in self._schema.names],
-                schema=self._schema)
-        self._writer.write_batch(batch)
-        self._base += self._batch.num_rows
-        self._batch, self._fixes = None, {}
-
-    def finish(self) -> Position:
-        self._write_batch()
-        for batch in self._batches:
-            self._writer.write_batch(batch)
-        self._writer.close()
-        self._writer = None
-        return self._commit()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
         super().close()
 
 
@@ -159,7 +99,9 @@ class NpyMerger(NpySink):
 def open_merger(spec: JobSpec, total: int | None) -> Sink:
     if spec.format == "jsonl":
         return JsonlMerger(spec)
-    if spec.format == "parquet":
+    if spec.format == "parquet":  # pyarrow (the bulk extra) only here
+        from batchfleet.producers.bulk.merge_parquet import ParquetMerger
+
         return ParquetMerger(spec)
     return NpyMerger(spec, total or 0)
 

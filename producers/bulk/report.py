@@ -52,7 +52,7 @@ def exit_code(report: JobReport, max_failure_rate: float) -> int:
 
 
 def summary_table(report: JobReport, max_failure_rate: float) -> Table:
-    table = Table(title=f"bulk job {report.job_id}: {report.status}")
+    table = Table(title=f"bulk job {report.job_id}: {report.status}", show_header=False)
     table.add_column("")
     table.add_column("", justify="right")
     over = report.failure_rate > max_failure_rate

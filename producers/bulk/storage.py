@@ -31,10 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-import pyarrow.fs as pafs  # type: ignore[import-untyped,unused-ignore]
-
 from batchfleet.producers.bulk.errors import InputFormatError
 from batchfleet.schemas.errors import ConfigError
+
+
+def _pafs() -> Any:
+    """pyarrow's filesystems, imported on first use: deciding whether an input is a
+    dataset at all must not need the bulk extra (a JSONL file never does)."""
+    import pyarrow.fs as pafs  # type: ignore[import-untyped,unused-ignore]
+
+    return pafs
 
 S3_SCHEME: Final = "s3://"
 GLOB_CHARS: Final = frozenset("*?[")
@@ -69,7 +75,7 @@ class S3Options:
             if not sep or scheme not in ("http", "https") or not rest.strip("/"):
                 raise ConfigError(f"--s3-endpoint {self.endpoint!r} must be http(s)://host[:port]")
             kwargs.update(endpoint_override=rest.rstrip("/"), scheme=scheme)
-        return pafs.S3FileSystem(**kwargs)
+        return _pafs().S3FileSystem(**kwargs)
 
 
 def is_remote(url: str) -> bool:
@@ -106,7 +112,7 @@ def locate(url: str, s3: S3Options) -> Location:
             raise ConfigError(f"{url}: an S3 URL needs a bucket (s3://bucket/prefix)")
         return Location(s3.filesystem(), path, f"{S3_SCHEME}{path}")
     local = Path(url).expanduser().absolute()
-    return Location(pafs.LocalFileSystem(), local.as_posix(), str(local))
+    return Location(_pafs().LocalFileSystem(), local.as_posix(), str(local))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -140,18 +146,18 @@ def list_files(root: Location, pattern: str | None = None) -> list[FoundFile]:
     matches ``pattern``. Hidden and ``_``-prefixed names (staging, ``_SUCCESS``,
     ``_errors``) are skipped, as dataset readers skip them."""
     try:
-        infos = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True,
+        infos = root.fs.get_file_info(_pafs().FileSelector(root.path, recursive=True,
                                                         allow_not_found=True))
     except (OSError, ValueError) as exc:
         raise InputFormatError(f"cannot list {root.url}: {_one_line(exc)}") from None
     if not infos and root.remote:
         bucket = root.path.split("/")[0]
-        if stat(Location(root.fs, bucket, S3_SCHEME + bucket)).type == pafs.FileType.NotFound:
+        if stat(Location(root.fs, bucket, S3_SCHEME + bucket)).type == _pafs().FileType.NotFound:
             raise InputFormatError(f"cannot list {root.url}: bucket {bucket!r} does not exist")
     found = []
     base = root.path.rstrip("/") + "/"
     for info in infos:
-        if info.type != pafs.FileType.File or not info.path.startswith(base):
+        if info.type != _pafs().FileType.File or not info.path.startswith(base):
             continue
         relative = info.path[len(base):]
         if any(p.startswith((".", "_")) for p in relative.split("/")):
@@ -212,11 +218,11 @@ def publish(staged: Path, final: Location, tmp: Location) -> None:
 def remove(location: Location) -> None:
     """Delete one file if it is there (a stale errors file, a temporary upload)."""
     try:
-        if location.fs.get_file_info(location.path).type == pafs.FileType.File:
+        if location.fs.get_file_info(location.path).type == _pafs().FileType.File:
             location.fs.delete_file(location.path)
     except OSError as exc:
         raise OSError(f"cannot delete {location.url}: {_one_line(exc)}") from None
 
 
 def exists(location: Location) -> bool:
-    return bool(stat(location).type == pafs.FileType.File)
+    return bool(stat(location).type == _pafs().FileType.File)

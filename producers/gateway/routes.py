@@ -113,8 +113,11 @@ class Gateway:
         self.metrics.submitted.labels(model).inc(len(ids))
         self.metrics.accepted.labels(key.key_id).inc(len(ids))
 
-    async def replayed(self, key: ApiKey, ids: Sequence[str], fp: str) -> list[bool]:
-        return replays(key, await self.store.get_records(ids), fp)
+    async def replayed(self, key: ApiKey, ids: Sequence[str], fp: str) -> list[str | None]:
+        """Per ID, the current status of its record if it has one (a replay), else None."""
+        records = await self.store.get_records(ids)
+        replays(key, records, fp)
+        return [None if r is None else r.status for r in records]
 
 
 def _gateway(request: Request) -> Gateway:
@@ -182,10 +185,13 @@ async def submit(model: str, request: Request, response: Response, gw: GatewayDe
         await gw.enqueue(key, model, sub, [rid], sub.inputs, None, response)
     else:
         rid = derive_request_id(gw.id_secret, key, idem)
-        if (await gw.replayed(key, [rid], fp))[0]:
+        status = (await gw.replayed(key, [rid], fp))[0]
+        if status is not None:  # answered with where it is now, which may be finished
             response.headers["Idempotent-Replayed"] = "true"
-        else:
-            await gw.enqueue(key, model, sub, [rid], sub.inputs, fp, response)
+            location = f"/v1/requests/{rid}"
+            response.headers["Location"] = location
+            return Accepted(request_id=rid, status=status, location=location)
+        await gw.enqueue(key, model, sub, [rid], sub.inputs, fp, response)
     location = f"/v1/requests/{rid}"
     response.headers["Location"] = location
     return Accepted(request_id=rid, location=location)
@@ -203,7 +209,7 @@ async def submit_batch(model: str, request: Request, response: Response, gw: Gat
         await gw.enqueue(key, model, sub, ids, sub.inputs, None, response)
     else:
         ids = [derive_request_id(gw.id_secret, key, idem, i) for i in range(len(sub.inputs))]
-        todo = [i for i, there in enumerate(await gw.replayed(key, ids, fp)) if not there]
+        todo = [i for i, there in enumerate(await gw.replayed(key, ids, fp)) if there is None]
         if todo:
             await gw.enqueue(key, model, sub, [ids[i] for i in todo],
                              [sub.inputs[i] for i in todo], fp, response)

@@ -131,6 +131,7 @@ async def test_idempotency_key_returns_the_same_request(http: httpx.AsyncClient,
     late = await http.post("/v1/models/demo-mlp/requests", json=body,
                            headers={**AUTH, "Idempotency-Key": "order-42"})
     assert late.json()["request_id"] == rid
+    assert late.json()["status"] == done["status"] == "succeeded"  # where it is now
     await asyncio.sleep(0.3)
     assert (await http.get(f"/v1/requests/{rid}", headers=AUTH)).json() == done
     assert worker.stats.succeeded == 3  # order-42 ran once, under both keys' own IDs

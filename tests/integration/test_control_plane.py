@@ -19,6 +19,7 @@ from batchfleet.connectors import (
 )
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.fleet import FleetReader
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS as R
 from batchfleet.schemas.errors import ConfigError, ResultStoreError
 from batchfleet.schemas.names import LANES, Names
 
@@ -52,18 +53,22 @@ async def test_heartbeats_are_found_without_a_scan_and_forgotten(redis_url: str)
 
 
 async def test_announcements_reach_the_subscriber(redis_url: str) -> None:
+    """Both formats (docs/wire-format.md §8): bodies for requests that asked, IDs alone
+    (body None: read it back) for the rest."""
     store = open_result_store(redis_url, NAMES)
     plane = control_plane_for(store)
     subscription = await plane.announcements.subscribe("me")
     try:
-        await store.put_pending([("a", b"p"), ("b", b"p")])
-        await store.write_terminal([TerminalWrite("a", "succeeded", b"x", "me"),
-                                    TerminalWrite("b", "succeeded", b"y", "me")])
-        got: list[tuple[str, bytes]] = []
+        await store.put_pending([("a", b"p"), ("b", b"p"), ("c", b"p"), ("d", b"p")])
+        await store.write_terminal([TerminalWrite("a", "succeeded", b"x", "me", notify_format=R),
+                                    TerminalWrite("b", "succeeded", b"y", "me", notify_format=R),
+                                    TerminalWrite("c", "succeeded", b"z", "me"),
+                                    TerminalWrite("d", "failed", b"w", "me")])
+        got: set[tuple[str, bytes | None]] = set()
         deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got = list(await subscription.next(0.5))
-        assert sorted(got) == [("a", b"x"), ("b", b"y")]
+        while len(got) < 4 and time.monotonic() < deadline:
+            got.update(await subscription.next(0.5))
+        assert got == {("a", b"x"), ("b", b"y"), ("c", None), ("d", None)}
     finally:
         await subscription.close()
         await plane.close()

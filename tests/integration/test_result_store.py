@@ -9,6 +9,7 @@ from batchfleet.connectors import SubmitState, TerminalWrite, open_result_store
 from batchfleet.connectors.announcements import parse_announcement
 from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
 from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS as R
 from batchfleet.schemas.envelopes import Request, encode_request
 from batchfleet.schemas.names import Names
 
@@ -67,9 +68,9 @@ async def test_terminal_writes_announce_results_once_per_client_channel(redis_ur
     try:
         await pubsub.subscribe(NAMES.notify_channel("c1"), NAMES.notify_channel("c2"))
         await store.write_terminal([
-            TerminalWrite("r1", "succeeded", b"1", "c1"),
-            TerminalWrite("r2", "succeeded", b"2", "c2"),
-            TerminalWrite("r3", "failed", b"3", "c1"),
+            TerminalWrite("r1", "succeeded", b"1", "c1", notify_format=R),
+            TerminalWrite("r2", "succeeded", b"2", "c2", notify_format=R),
+            TerminalWrite("r3", "failed", b"3", "c1", notify_format=R),
             TerminalWrite("r4", "failed", b"4", None),
         ])
         got: dict[str, set[tuple[str, bytes]]] = {}
@@ -83,7 +84,8 @@ async def test_terminal_writes_announce_results_once_per_client_channel(redis_ur
         assert got == {NAMES.notify_channel("c1"): {("r1", b"1"), ("r3", b"3")},
                        NAMES.notify_channel("c2"): {("r2", b"2")}}
         # a write that loses (already terminal) announces nothing
-        await store.write_terminal([TerminalWrite("r1", "succeeded", b"again", "c1")])
+        await store.write_terminal([TerminalWrite("r1", "succeeded", b"again", "c1",
+                                                  notify_format=R)])
         assert await pubsub.get_message(timeout=0.5) is None
     finally:
         await pubsub.aclose()
@@ -98,7 +100,8 @@ async def test_announcements_frame_every_size_of_batch_and_body(redis_url: str) 
     pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
     bodies = [b"", b"a" * 255, b"b" * 256, b"c" * 65_536, bytes(range(256)) * 3]
     ids = ["x" * 31, "y" * 32, "z" * 128, "w", "v-4"] + [f"many-{i}" for i in range(35)]
-    writes = [TerminalWrite(rid, "succeeded", bodies[i % len(bodies)], "big")
+    writes = [TerminalWrite(rid, "succeeded", bodies[i % len(bodies)], "big",
+                            notify_format=R)
               for i, rid in enumerate(ids)]
     try:
         await pubsub.subscribe(NAMES.notify_channel("big"))

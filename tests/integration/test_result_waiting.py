@@ -9,7 +9,7 @@ import pytest
 
 from batchfleet.connectors import TerminalWrite, open_result_store
 from batchfleet.producers.waiting import ResultWaiter
-from batchfleet.schemas.envelopes import Result, encode_result
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result, encode_result
 from batchfleet.schemas.errors import RequestLostError
 from batchfleet.schemas.names import Names
 
@@ -21,7 +21,8 @@ NO_POLL_S = 60.0
 
 def _done(rid: str) -> TerminalWrite:
     body = encode_result(Result(rid, "succeeded", model="m"))
-    return TerminalWrite(rid, "succeeded", body, notify_channel="me")
+    return TerminalWrite(rid, "succeeded", body, notify_channel="me",
+                         notify_format=NOTIFY_RESULTS)
 
 
 async def test_expected_ids_resolve_from_announcements_alone(redis_url: str) -> None:

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from batchfleet.producers.bulk.errors import BulkError, InputFormatError
-from batchfleet.producers.bulk.merge import NpyMerger, ParquetMerger
+from batchfleet.producers.bulk.merge import NpyMerger
+from batchfleet.producers.bulk.merge_parquet import ParquetMerger
 from batchfleet.producers.bulk.progress import BarProgress
 from batchfleet.producers.bulk.report import JobReport, exit_code, summary_table
 from batchfleet.producers.bulk.rows import Position, Row

@@ -61,6 +61,14 @@ def test_the_worked_results_decode_as_described() -> None:
     result = decode_result(body)
     assert result.status == "succeeded" and result.request_id == "req-0001"
     assert len(body) == int(re.search(r"The body is (\d+) bytes", section).group(1))
+    # the bytes are the encoder's, model_version included (label/hash, as §6.1 says)
+    assert result.model_version.startswith("default/sha256:")
+    assert body == encode_result(Result(
+        "req-0001", "succeeded", outputs=np.array([0.4730762], np.float32), model="demo-mlp",
+        model_version=result.model_version, attempts=1, enqueued_at=1700000000.0,
+        started_at=1700000000.004, finished_at=1700000000.0045, queue_ms=4.0,
+        compute_ms=0.5, batch_size=8))
+    assert f'fixstr({len(result.model_version)}) `"{result.model_version}"`' in section
 
 
 def test_every_listed_error_type_is_one_the_code_has() -> None:

@@ -246,7 +246,8 @@ def _hit(job: Job, entry: CacheEntry, now: float) -> Answer:
         started_at=now, finished_at=now,
         queue_ms=max(0.0, (now - req.enqueued_at) * 1000.0) if req.enqueued_at else None,
         compute_ms=0.0, generation=req.generation, owner=req.owner, cached=True)
-    return Answer(job.delivery, result, req.notify, req.generation, req.callback_url)
+    return Answer(job.delivery, result, req.notify, req.generation, req.callback_url,
+                  req.notify_format)
 
 
 def result_cache(ttl_s: PerModel[int], metrics: WorkerMetrics | None = None,
