@@ -83,7 +83,12 @@ async def test_a_hanging_request_is_quarantined_and_the_fleet_keeps_serving(
             while not any(stuck_seen.values()):  # the hang is past its limit: stuck
                 assert time.monotonic() - sent < 60, "no worker ever reported the stall"
                 await asyncio.sleep(0.2)
+            # check reads heartbeats, which carry the stall within a beat or two of /readyz
+            beat_by = time.monotonic() + 8
             code, out = await _check(redis_url)
+            while code != 1 and time.monotonic() < beat_by:
+                await asyncio.sleep(0.5)
+                code, out = await _check(redis_url)
             assert code == 1 and "hang: compute stuck for" in out, out
             fresh = await client.submit_many("demo-mlp", _rows(200))
             served = await client.wait_many(fresh, timeout=15)  # within seconds, not a hang
