@@ -44,6 +44,7 @@ class _Closable(Protocol):
 
 C = TypeVar("C", bound=_Closable)
 R = TypeVar("R")
+V = TypeVar("V")
 
 
 def run_against(opener: Callable[[str, Any], C], broker: str, results: str | None,
@@ -66,6 +67,17 @@ def run_against(opener: Callable[[str, Any], C], broker: str, results: str | Non
         return asyncio.run(go())
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
+
+
+def renamed(new: str, value: V | None, old: str, old_value: V | None) -> V | None:
+    """A flag's value under its new name or its deprecated one (which says so on stderr,
+    one line); both at once is a usage error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise fail(f"give {new} only ({old} is its deprecated spelling)")
+    typer.secho(f"warning: {old} is deprecated here; use {new}", err=True)
+    return old_value
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:

@@ -38,7 +38,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "status": ("--once",),
     "dlq replay": ("--all",),
     "dlq purge": ("--all", "--yes"),
-    "bulk run": ("-m", "demo-mlp", "-i", "{tmp}/rows.jsonl", "-o", "{tmp}/out.jsonl",
+    "bulk run": ("-m", "demo-mlp", "-i", "{tmp}/rows.jsonl", "--out", "{tmp}/out.jsonl",
                  "--progress", "none"),
     "webhooks worker": ("--secret", "s3cret", "--burst"),
     "webhooks replay": ("--all",),
