@@ -30,6 +30,7 @@ from batchfleet.output import (
     console,
     dump,
     human_time,
+    iso_times,
     output_format,
     render,
     table,
@@ -138,7 +139,7 @@ def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt
              or "—", "live": len(r.live_workers(now)), "stable": r.policy.stable,
              "shards": r.lane_shards} for r in records]
     render(rows, COLUMNS, fmt, no_headers, title=f"models ({len(records)})",
-           body=[r.to_json(now) for r in records])
+           body=iso_times([r.to_json(now) for r in records]))
 
 
 COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versions"),
@@ -167,7 +168,7 @@ def show(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
                    f"declare it with `batchfleet models declare {name} --input DTYPE[SHAPE]`", 1)
     now = time.time()
     if fmt in ("json", "yaml"):
-        dump(record.to_json(now), fmt)
+        dump(iso_times(record.to_json(now)), fmt)
         return
     _print_record(record, now, wide=fmt == "wide", no_headers=no_headers)
 
