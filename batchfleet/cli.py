@@ -117,6 +117,21 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
 
 _option_type = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+
+def _default_text(self: TyperOption, *, ctx: Any, show_default_is_str: bool,
+                  default_value: Any) -> str:
+    """``[default: 64]`` whether the default is a value or a described one (the worker's
+    options describe theirs: their real default is None, "not given"); click would
+    write ``[default: (64)]`` for the second."""
+    if show_default_is_str:
+        return str(self.show_default)
+    return _default_string(self, ctx=ctx, show_default_is_str=False,
+                           default_value=default_value)
+
+
+_default_string = TyperOption._get_default_string
+TyperOption._get_default_string = _default_text  # type: ignore[method-assign]
 _DEBUG = "batchfleet.debug"
 #: Commands that run on and log as they go; the others are one-shot.
 _SERVICES = frozenset({"worker", "gateway", "webhooks", "bulk", "bench", "demo"})
@@ -225,6 +240,12 @@ def worker() -> None:
     """
 
 
+def _no_raw_connect_failures(record: logging.LogRecord) -> bool:
+    """aiokafka's own "Unable connect to ..." line: the worker's error line names the
+    broker and what to do, so this one only comes first and in another format."""
+    return not str(record.msg).startswith("Unable connect")
+
+
 def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
     import os
 
@@ -251,6 +272,8 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
 
     try:
         configure_logging(process.log_format, process.log_level)
+        if process.log_level != "debug":  # our own line says the broker is unreachable
+            logging.getLogger("aiokafka.client").addFilter(_no_raw_connect_failures)
         Worker(settings).run()
     except BatchfleetError as exc:
         # a port taken, a store or broker not answering, a model that will not load: one

@@ -147,7 +147,8 @@ def hash_key_cmd(
         "--scopes", help="Extra powers, comma-separated: admin (read every key's results).")] = "",
     rate: Annotated[float, typer.Option("--rate", help="Requests per second; 0: no limit.")] = 0,
     burst: Annotated[int, typer.Option(
-        "--burst", help="Requests at once after a quiet spell; default: one second's.")] = 0,
+        "--burst", help="Requests at once after a quiet spell; 0: one second's worth "
+                        "(--rate).")] = 0,
     max_in_flight: Annotated[int, typer.Option(
         "--max-in-flight", help="Requests submitted and not yet finished; 0: no limit.")] = 0,
 ) -> None:

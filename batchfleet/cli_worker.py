@@ -34,7 +34,8 @@ from batchfleet.workers.settings import (
 OPTIONS: tuple[SettingOption, ...] = (*setting_options(WorkerSettings),
                                       *setting_options(ProcessSettings))
 _PROCESS = frozenset(o.name for o in setting_options(ProcessSettings))
-_METAVARS = {int: "INTEGER", float: "FLOAT", str: "TEXT"}
+#: The metavars typer shows on every other command.
+_METAVARS = {int: "<int>", float: "<float>", str: "<str>"}
 _PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@/\s]+@", re.IGNORECASE)
 
 
@@ -42,7 +43,7 @@ def _metavar(option: SettingOption) -> str:
     if option.opt.metavar:
         return option.opt.metavar
     base = next((v for t, v in _METAVARS.items() if t is option.type
-                 or t in getattr(option.type, "__args__", ())), "TEXT")
+                 or t in getattr(option.type, "__args__", ())), "<str>")
     return f"[MODEL=]{base}" if option.opt.per_model else base
 
 
