@@ -83,8 +83,8 @@ def test_the_schemes_come_from_the_backend_tables(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(URLError, match="nothing after the scheme"):
         results_url_for(BrokerURL.parse("kafka://k:1"), "memory://")
     assert set(BROKERS) >= {"redis", "kafka", "redis+cluster"}
-    assert "schemes are kafka, redis" in str(pytest.raises(URLError, parse_url, "x://h",
-                                                           BROKERS).value)
+    with pytest.raises(URLError, match="schemes are kafka, redis"):
+        parse_url("x://h", BROKERS)
 
 
 def test_a_password_never_shows_in_the_refusal() -> None:
