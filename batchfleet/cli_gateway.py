@@ -113,7 +113,16 @@ def gateway(
     except (ConfigError, OSError) as exc:
         raise fail(str(exc)) from exc
     _check_port(host, port)
+    _access_log_to_stderr()
     serve(settings, host, port, log_level)
+
+
+def _access_log_to_stderr() -> None:
+    """uvicorn's default logging sends its access lines to stdout; every log line of
+    ours goes to stderr (README "Commands"), so the entry point points them there."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    LOGGING_CONFIG["handlers"]["access"]["stream"] = "ext://sys.stderr"
 
 
 def _check_port(host: str, port: int) -> None:
