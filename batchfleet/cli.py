@@ -34,6 +34,7 @@ from batchfleet.options import (
     JsonOpt,
     ResultsOpt,
     error_line,
+    exit_code,
     fail,
     handled,
     missing_extra,
@@ -281,7 +282,7 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
         # the traceback helps only whoever debugs batchfleet itself
         if process.debug:
             raise
-        raise fail(*error_line(exc)) from exc
+        raise fail(str(exc), exit_code(exc)) from exc
 
 
 @app.command()
