@@ -39,6 +39,7 @@ from batchfleet.options import (
     handled,
     missing_extra,
 )
+from batchfleet.output import OutputOpt, output_format
 
 
 class _Commands(TyperGroup):
@@ -299,6 +300,7 @@ def demo(
     max_batch_size: Annotated[int, typer.Option(help="Worker's max batch size.")] = 64,
     max_wait_ms: Annotated[float, typer.Option(help="Worker's max wait.")] = 5.0,
     timeout_s: Annotated[float, typer.Option(help="Give up waiting after this long.")] = 300.0,
+    output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
     """Run the whole pipeline end to end and print throughput and latency.
@@ -321,6 +323,9 @@ def demo(
     from batchfleet.demo import DemoOptions, demo_inputs, run_demo
     from batchfleet.schemas.errors import ConfigError
 
+    fmt = output_format(output, as_json)
+    if fmt == "yaml":
+        raise fail("demo prints -o table (or wide) or -o json")
     try:  # what was asked, checked before anything starts: exit 2
         if requests < 1:
             raise ConfigError("--requests must be at least 1")
@@ -333,7 +338,7 @@ def demo(
         raise fail(str(exc)) from exc
     try:  # past the checks, a worker that cannot start is a failed run
         code = run_demo(DemoOptions(broker, results, requests, model, max_batch_size,
-                                    max_wait_ms, timeout_s, as_json))
+                                    max_wait_ms, timeout_s, fmt == "json"))
     except ConfigError as exc:
         raise fail(str(exc), EXIT_FAILED) from exc
     raise typer.Exit(code)
