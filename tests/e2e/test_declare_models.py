@@ -70,7 +70,7 @@ async def test_a_declared_spec_refuses_a_wrong_shape_at_submit(redis_url: str) -
             await client.submit_many("fraud", [[1] * 10])
     code, _, err = await run_cli("submit", "-m", "fraud", "--inputs", json.dumps([0.5] * 3),
                               *_at(redis_url))
-    assert code == 1 and "wrong shape: expected float32[10]" in err
+    assert code == 2 and "wrong shape: expected float32[10]" in err
     with live_gateway(gateway_settings(redis_url, namespace=NS)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             refused = await http.post("/v1/models/fraud/requests", json={"inputs": [0.5] * 11},
