@@ -275,7 +275,7 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
     try:
         configure_logging(process.log_format, process.log_level)
         if process.log_level != "debug":  # our own line says the broker is unreachable
-            logging.getLogger("aiokafka.client").addFilter(_no_raw_connect_failures)
+            logging.getLogger("aiokafka").addFilter(_no_raw_connect_failures)
         Worker(settings).run()
     except BatchfleetError as exc:
         # a port taken, a store or broker not answering, a model that will not load: one

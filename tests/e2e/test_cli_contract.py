@@ -184,3 +184,13 @@ async def test_piped_dlq_rows_are_one_line_each_and_models_are_positional(
     [warning] = unknown.stderr.strip().splitlines()
     assert warning.startswith("warning: no dead-letter queue for model 'nope'")
     assert "demo-mlp" in warning
+
+
+def test_a_worker_with_kafka_down_prints_only_our_line(redis_url: str) -> None:
+    """aiokafka logged its raw "Unable connect to ..." before the worker's own line."""
+    pytest.importorskip("aiokafka")
+    dead = _dead_url().replace("redis://", "kafka://").removesuffix("/0")
+    done = _cli("worker", "--broker", dead, "--results", redis_url, "-m", "demo-mlp",
+                "--device", "cpu")
+    line = _one_error(done, 1)
+    assert "Kafka" in line and dead.removeprefix("kafka://") in line
