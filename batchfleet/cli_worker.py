@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.connectors.urls import BrokerURL, parse_url, results_url_for
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.settings import (
@@ -118,6 +118,8 @@ def resolve(values: dict[str, Any]) -> tuple[WorkerSettings, ProcessSettings]:
     if broker is None:
         raise ConfigError("a broker is needed: pass --broker URL or set BATCHFLEET_BROKER")
     parsed["results_url"] = results_url_for(broker, parsed.get("results_url"))
+    if parsed.get("webhook_redis_url"):  # RQ's Redis: one node, as strictly as the others
+        parse_url(parsed["webhook_redis_url"], ("redis", "rediss", "unix"), "webhook Redis")
     worker = build(WorkerSettings, {k: v for k, v in parsed.items() if k not in _PROCESS})
     process = build(ProcessSettings, {k: v for k, v in parsed.items() if k in _PROCESS})
     return worker.validated(), process

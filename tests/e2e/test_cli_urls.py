@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "gateway": ("gateway", "--broker", "{url}"),
     "webhooks worker": ("webhooks", "worker", "--secret", "s3cret", "--burst",
                         "--results", "{url}"),
+    "bench": ("bench", "--quick", "--redis", "{url}"),
+    "webhook Redis of worker": ("worker", "-m", "demo-mlp", "--broker", "redis://127.0.0.1:1/0",
+                                "--webhook-redis-url", "{url}"),
     "results of submit": ("submit", "-m", "demo-mlp", "--inputs", "[1.0]", "--broker",
                           "redis://127.0.0.1:1/0", "--results", "{url}"),
 }
