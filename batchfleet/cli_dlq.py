@@ -33,7 +33,7 @@ dlq_app = typer.Typer(
 ModelOpt = Annotated[list[str] | None, typer.Option(
     "--model", "-m", help="Only these models' DLQs (repeatable).")]
 ModelArgs = Annotated[list[str] | None, typer.Argument(
-    metavar="[MODEL]...", help="Only these models' DLQs (the same as -m).", show_default=False)]
+    metavar="MODEL", help="Only these models' DLQs (the same as -m).", show_default=False)]
 
 
 def _run(broker: str, results: str | None, namespace: str,
