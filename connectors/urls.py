@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote
 
-from batchfleet.connectors.redis_client import CLUSTER_SCHEME, REDIS_SCHEMES
+from batchfleet.connectors.redis_client import CLUSTER_SCHEME, REDIS_SCHEMES, is_cluster_url
 from batchfleet.schemas.errors import ConfigError, URLError
 
 BrokerKind = Literal["redis", "kafka"]
@@ -154,8 +154,7 @@ def results_url_for(broker: BrokerURL, results: str | None) -> str:
     control plane reads both with one set of key names."""
     if results:
         scheme = parse_url(results, result_store_schemes(), "results").scheme
-        if broker.kind == "redis" and (broker.url.startswith(CLUSTER_SCHEME + "://")
-                                       != (scheme == CLUSTER_SCHEME)):
+        if broker.kind == "redis" and is_cluster_url(broker.url) != (scheme == CLUSTER_SCHEME):
             raise ConfigError(
                 "a Redis broker and the result store must both be Redis Cluster "
                 "(redis+cluster://) or both not; mixing them is not supported")
