@@ -47,7 +47,7 @@ class _Commands(TyperGroup):
 
     Subcommands import their extras lazily; a missing one is one line naming the extra.
     The project's errors, and driver or network errors that reach this far, are one
-    line too (docs/operations.md "Exit codes"); ``--debug`` re-raises for the traceback.
+    line too (the README's "Exit codes"); ``--debug`` re-raises for the traceback.
     """
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
@@ -166,7 +166,8 @@ def _root(
     """Asynchronous micro-batching PyTorch inference workers fed by Redis Streams or Kafka.
 
     Exit codes: 0 ok, 1 the operation failed (or Redis/Kafka could not be reached),
-    2 bad usage or configuration; `result` and `bulk` add their own (see their --help).
+    2 refused, nothing done (a bad flag, URL, input or setting); 3 pending, 4 no such ID
+    (see each command's --help and the README's table).
 
     Examples:
 
