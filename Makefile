@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # An unpinned torch pulls a multi-GB CUDA build; this CPU build installs in seconds.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint readme-table clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The README's worker-options table is generated from the settings fields (a dev step,
+# never a module a user can run: tests/unit/test_settings.py says when it is stale).
+readme-table: install
+	$(BIN)/python -c 'from pathlib import Path; from batchfleet.cli_worker import with_table; \
+		p = Path("README.md"); p.write_text(with_table(p.read_text()))'
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -6,17 +6,16 @@ typer's ``envvar``; everything below receives plain values or a settings object.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
-from pathlib import Path
+import traceback
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-import numpy as np
+import structlog
 import typer
+from typer._click import exceptions as click_errors  # typer vendors click
 from typer.core import TyperGroup, TyperOption
 
 from batchfleet import __version__
@@ -26,19 +25,21 @@ from batchfleet.cli_control import cancel, check, lane_app
 from batchfleet.cli_dlq import dlq_app
 from batchfleet.cli_gateway import gateway_app
 from batchfleet.cli_models import models_app
+from batchfleet.cli_requests import result, submit
 from batchfleet.cli_rollout import rollout_app
 from batchfleet.cli_status import status
 from batchfleet.cli_webhooks import webhooks_app
 from batchfleet.options import (
-    BrokerOpt,
+    EXIT_FAILED,
     JsonOpt,
-    NamespaceOpt,
     ResultsOpt,
     error_line,
+    exit_code,
     fail,
     handled,
     missing_extra,
 )
+from batchfleet.output import OutputOpt, output_format
 
 
 class _Commands(TyperGroup):
@@ -46,12 +47,47 @@ class _Commands(TyperGroup):
 
     Subcommands import their extras lazily; a missing one is one line naming the extra.
     The project's errors, and driver or network errors that reach this far, are one
-    line too (docs/operations.md "Exit codes"); ``--debug`` re-raises for the traceback.
+    line too (the README's "Exit codes"); ``--debug`` re-raises for the traceback.
     """
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        """A usage error (unknown flag or command, bad value) is the same one ``error:``
+        line and exit 2 as every other refusal, not click's boxed usage block."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args,
+                                **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args,
+                                **extra)
+        except click_errors.NoArgsIsHelpError as exc:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+            sys.exit(exc.exit_code)
+        except click_errors.UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            fail(" ".join(exc.format_message().split()).rstrip(".") + where, exc.exit_code)
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            fail(" ".join(exc.format_message().split()), exc.exit_code)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            fail("aborted", EXIT_FAILED)
+            sys.exit(EXIT_FAILED)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
         try:
             return super().invoke(ctx)
+        except typer.Exit as done:
+            # a command that turned an error into its one line (``raise fail(...) from
+            # exc``): with --debug, the traceback of what it caught comes first
+            cause = done.__cause__
+            if ctx.meta.get(_DEBUG) and done.exit_code and cause is not None:
+                traceback.print_exception(cause, file=sys.stderr)
+            raise
         except ModuleNotFoundError as exc:
             exit_ = missing_extra(ctx.invoked_subcommand or "", exc)
             if exit_ is None:
@@ -83,7 +119,24 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
 
 _option_type = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+
+def _default_text(self: TyperOption, *, ctx: Any, show_default_is_str: bool,
+                  default_value: Any) -> str:
+    """``[default: 64]`` whether the default is a value or a described one (the worker's
+    options describe theirs: their real default is None, "not given"); click would
+    write ``[default: (64)]`` for the second."""
+    if show_default_is_str:
+        return str(self.show_default)
+    return _default_string(self, ctx=ctx, show_default_is_str=False,
+                           default_value=default_value)
+
+
+_default_string = TyperOption._get_default_string
+TyperOption._get_default_string = _default_text  # type: ignore[method-assign]
 _DEBUG = "batchfleet.debug"
+#: Commands that run on and log as they go; the others are one-shot.
+_SERVICES = frozenset({"worker", "gateway", "webhooks", "bulk", "bench", "demo"})
 
 
 app = typer.Typer(
@@ -113,7 +166,8 @@ def _root(
     """Asynchronous micro-batching PyTorch inference workers fed by Redis Streams or Kafka.
 
     Exit codes: 0 ok, 1 the operation failed (or Redis/Kafka could not be reached),
-    2 bad usage or configuration; `result` and `bulk` add their own (see their --help).
+    2 refused, nothing done (a bad flag, URL, input or setting); 3 pending, 4 no such ID
+    (see each command's --help and the README's table).
 
     Examples:
 
@@ -122,6 +176,16 @@ def _root(
         batchfleet --debug status --broker redis://localhost:6379/0
     """
     ctx.meta[_DEBUG] = debug
+    # logs go to stderr, so stdout is only the command's output and pipes into jq (the
+    # worker and bulk configure their own, on stderr too). A one-shot command's error is
+    # its one line: the SDK's reconnect warnings before it show only with --debug.
+    saved = structlog.get_config()
+    ctx.call_on_close(lambda: structlog.configure(**saved))
+    quiet = not debug and ctx.invoked_subcommand not in _SERVICES
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.ERROR if quiet else logging.NOTSET))
     if ctx.invoked_subcommand != "worker":
         # a client's own one-line error says it all; aiokafka would log its raw connect
         # failure first (the worker configures its logging itself and keeps these)
@@ -179,6 +243,12 @@ def worker() -> None:
     """
 
 
+def _no_raw_connect_failures(record: logging.LogRecord) -> bool:
+    """aiokafka's own "Unable connect to ..." line: the worker's error line names the
+    broker and what to do, so this one only comes first and in another format."""
+    return not str(record.msg).startswith("Unable connect")
+
+
 def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
     import os
 
@@ -205,164 +275,16 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
 
     try:
         configure_logging(process.log_format, process.log_level)
+        if process.log_level != "debug":  # our own line says the broker is unreachable
+            logging.getLogger("aiokafka").addFilter(_no_raw_connect_failures)
         Worker(settings).run()
     except BatchfleetError as exc:
         # a port taken, a store or broker not answering, a model that will not load: one
-        # line says which; the traceback helps only whoever debugs batchfleet itself
+        # line says which (exit 2 when a setting is wrong, as a model no one can load);
+        # the traceback helps only whoever debugs batchfleet itself
         if process.debug:
             raise
-        raise fail(str(exc), 1) from exc
-
-
-def _parse_inputs(inputs: str | None, inputs_file: Path | None) -> Any:
-    if (inputs is None) == (inputs_file is None):
-        raise fail("give exactly one of --inputs JSON or --inputs-file FILE.npy")
-    if inputs_file is not None:
-        return np.load(inputs_file, allow_pickle=False)
-    try:
-        return json.loads(inputs)  # type: ignore[arg-type]
-    except json.JSONDecodeError as exc:
-        raise fail(f"--inputs is not valid JSON: {exc}") from exc
-
-
-@app.command()
-def submit(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model name.")],
-    broker: BrokerOpt,
-    inputs: Annotated[str | None, typer.Option(
-        help="Inputs as JSON: a list or {name: list}. Decimals are sent as float32 and "
-             "whole numbers as int64, unless --dtype says otherwise.")] = None,
-    inputs_file: Annotated[Path | None, typer.Option(help="Inputs as a .npy file.")] = None,
-    dtype: Annotated[str | None, typer.Option(
-        help="Cast JSON inputs to this dtype, e.g. float32.")] = None,
-    results: ResultsOpt = None,
-    request_id: Annotated[str | None, typer.Option(help="Your own ID (idempotent).")] = None,
-    priority: Annotated[str, typer.Option(help="interactive or bulk.")] = "interactive",
-    deadline_s: Annotated[float | None, typer.Option(
-        help="Answer 'expired' instead of computing after this many seconds.")] = None,
-    wait: Annotated[float | None, typer.Option(
-        help="Wait up to this many seconds and print the result.")] = None,
-    namespace: NamespaceOpt = "bf",
-    as_json: JsonOpt = False,
-) -> None:
-    """Submit one request and print its ID (or, with --wait, its result).
-
-    Exit code: 0 submitted (or succeeded), 1 failed/expired, 3 still pending after --wait
-    (its ID is printed on stderr).
-
-    Examples:
-
-        batchfleet submit -m demo-mlp --inputs '[0.0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9]' --wait 5
-
-        batchfleet submit -m demo-encoder --inputs-file tokens.npy --priority bulk
-    """
-    from batchfleet.producers import AsyncClient
-    from batchfleet.schemas.errors import WaitTimeoutError
-
-    value = _parse_inputs(inputs, inputs_file)
-    if dtype is not None:
-        try:
-            value = np.asarray(value, dtype=np.dtype(dtype))
-        except (TypeError, ValueError) as exc:
-            raise fail(f"--dtype {dtype}: {exc}") from exc
-
-    async def go() -> int:
-        async with AsyncClient(broker, results, namespace=namespace) as client:
-            rid = await client.submit(model, value, request_id=request_id, priority=priority,
-                                      deadline_s=deadline_s)
-            if wait is None:
-                typer.echo(json.dumps({"request_id": rid}) if as_json else rid)
-                return 0
-            try:
-                return _print_result(await client.wait(rid, wait), as_json)
-            except WaitTimeoutError:  # it stays queued: say which ID to ask about later
-                if as_json:
-                    typer.echo(json.dumps({"request_id": rid, "status": "pending"}))
-                typer.secho(f"request {rid} is still pending after {wait:g}s; ask again with "
-                            f"`batchfleet result {rid} --wait SECONDS`", err=True)
-                return 3
-
-    _exit_with(go)
-
-
-def _exit_with(go: Callable[[], Coroutine[Any, Any, int]]) -> None:
-    """Run a client coroutine; its int is the exit code. Its errors exit 1, whatever their
-    kind (a request that could not be made failed, as one whose result failed)."""
-    from batchfleet.schemas.errors import BatchfleetError
-    from batchfleet.schemas.registry import UnregisteredModelError
-
-    try:
-        code = asyncio.run(go())
-    except UnregisteredModelError as exc:  # the shell's advice: declare it, no Python option
-        raise fail(exc.advice("cli"), 1) from exc
-    except BatchfleetError as exc:
-        raise fail(error_line(exc)[0], 1) from exc
-    raise typer.Exit(code)
-
-
-def _print_result(result: Any, as_json: bool) -> int:
-    from batchfleet.schemas.json_form import result_to_json
-
-    body = result_to_json(result)
-    if as_json:
-        typer.echo(json.dumps(body))
-    else:
-        for key, value in body.items():
-            if value is not None and value != "":
-                typer.echo(f"{key:>14}: {_result_cell(key, value)}")
-    return {"succeeded": 0, "pending": 3}.get(result.status, 1)
-
-
-def _result_cell(key: str, value: Any) -> str:
-    """A result field for people: local times, ``type: message`` errors, JSON tensors."""
-    from batchfleet.output import human_time
-
-    if key.endswith("_at") and isinstance(value, int | float):
-        return human_time(value)
-    if key.endswith("_ms") and isinstance(value, float):
-        return f"{value:,.2f}"
-    if isinstance(value, dict) and "type" in value and "message" in value:
-        return f"{value['type']}: {value['message']}"
-    return json.dumps(value) if isinstance(value, dict | list) else str(value)
-
-
-@app.command()
-def result(
-    request_id: Annotated[str, typer.Argument(help="The request ID submit printed.")],
-    broker: BrokerOpt,
-    results: ResultsOpt = None,
-    wait: Annotated[float | None, typer.Option(
-        help="Wait up to this many seconds for a terminal status.")] = None,
-    namespace: NamespaceOpt = "bf",
-    as_json: JsonOpt = False,
-) -> None:
-    """Print a request's result. Exit code: 0 succeeded, 1 failed/expired, 3 pending, 4 unknown.
-
-    Examples:
-
-        batchfleet result 3f2a9c... --broker redis://localhost:6379/0
-
-        batchfleet result 3f2a9c... --wait 30 --json
-    """
-    from batchfleet.producers import AsyncClient
-    from batchfleet.schemas.errors import WaitTimeoutError
-
-    async def go() -> int:
-        async with AsyncClient(broker, results, namespace=namespace) as client:
-            try:
-                found = await (client.wait(request_id, wait) if wait is not None
-                               else client.get(request_id))
-            except WaitTimeoutError:  # pending still: the documented exit 3, not a failure
-                found = await client.get(request_id)
-            if found is None:
-                if as_json:
-                    typer.echo(json.dumps({"request_id": request_id, "status": "unknown"}))
-                typer.secho(f"unknown request {request_id} (never submitted, or expired from "
-                            "the result store)", err=True)
-                return 4
-            return _print_result(found, as_json)
-
-    _exit_with(go)
+        raise fail(str(exc), exit_code(exc)) from exc
 
 
 @app.command()
@@ -379,6 +301,7 @@ def demo(
     max_batch_size: Annotated[int, typer.Option(help="Worker's max batch size.")] = 64,
     max_wait_ms: Annotated[float, typer.Option(help="Worker's max wait.")] = 5.0,
     timeout_s: Annotated[float, typer.Option(help="Give up waiting after this long.")] = 300.0,
+    output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
     """Run the whole pipeline end to end and print throughput and latency.
@@ -397,14 +320,28 @@ def demo(
 
         batchfleet demo --broker redis://localhost:6379/0
     """
-    from batchfleet.demo import DemoOptions, run_demo
+    from batchfleet.connectors.urls import BrokerURL, results_url_for
+    from batchfleet.demo import DemoOptions, demo_inputs, run_demo
     from batchfleet.schemas.errors import ConfigError
 
-    try:
-        code = run_demo(DemoOptions(broker, results, requests, model, max_batch_size,
-                                    max_wait_ms, timeout_s, as_json))
+    fmt = output_format(output, as_json)
+    if fmt == "yaml":
+        raise fail("demo prints -o table (or wide) or -o json")
+    try:  # what was asked, checked before anything starts: exit 2
+        if requests < 1:
+            raise ConfigError("--requests must be at least 1")
+        demo_inputs(model, 1)
+        if broker not in (None, "kafka"):
+            results_url_for(BrokerURL.parse(broker), results)
+        elif results is not None:
+            results_url_for(BrokerURL.parse("redis://127.0.0.1:6379/0"), results)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
+    try:  # past the checks, a worker that cannot start is a failed run
+        code = run_demo(DemoOptions(broker, results, requests, model, max_batch_size,
+                                    max_wait_ms, timeout_s, fmt == "json"))
+    except ConfigError as exc:
+        raise fail(str(exc), EXIT_FAILED) from exc
     raise typer.Exit(code)
 
 
@@ -414,6 +351,8 @@ app.add_typer(gateway_app, name="gateway")
 app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(models_app, name="models")
 app.add_typer(rollout_app, name="rollout")
+app.command()(submit)
+app.command()(result)
 app.command()(bench)
 app.command()(status)
 app.command()(cancel)

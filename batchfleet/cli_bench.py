@@ -159,6 +159,7 @@ def bench(
     from batchfleet.bench.run import rerender, run_bench
     from batchfleet.schemas.errors import BatchfleetError
 
+    _check_url(redis)
     if capacity or cluster:  # a measurement of its own instead of the fleet bench
         return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis,
                                cluster, poll_interval_s, as_json, capacity)
@@ -235,6 +236,18 @@ def _load_and_rows(plan: BenchPlan, producers: int | None, broker_loop: bool, sl
     if cache or cache_rows is not None:
         plan = replace(plan, cache=CachePlan(rows=cache_rows or CachePlan().rows))
     return plan
+
+
+def _check_url(redis: str | None) -> None:
+    """``--redis`` as strictly as every URL: a malformed one never means a default host."""
+    from batchfleet.connectors.urls import parse_url, result_store_schemes
+    from batchfleet.schemas.errors import ConfigError
+
+    if redis is not None:
+        try:
+            parse_url(redis, result_store_schemes(), "--redis")
+        except ConfigError as exc:
+            raise fail(str(exc)) from exc
 
 
 def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: str | None,

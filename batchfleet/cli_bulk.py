@@ -14,7 +14,7 @@ import structlog
 import typer
 from rich.console import Console
 
-from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail, renamed
 from batchfleet.output import (
     Column,
     NoHeadersOpt,
@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 bulk_app = typer.Typer(
     help="Score files on the fleet (low-priority lane): resumable nightly bulk jobs.\n\n"
-         "Examples:\n\n    batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl\n\n"
+         "Examples:\n\n    batchfleet bulk run -m demo-mlp -i rows.jsonl --out scores.jsonl\n\n"
          "    batchfleet bulk list",
     no_args_is_help=True, rich_markup_mode="markdown")
 
@@ -74,10 +74,11 @@ def run(
     input: Annotated[str, typer.Option(
         "--input", "-i", help=".jsonl, .parquet or .npy file; or a dataset of Parquet or "
                               "JSONL parts: a directory, a glob, or s3://bucket/prefix.")],
-    output: Annotated[str, typer.Option(
-        "--output", "-o", help="Output file, same format family as the input; for a dataset, "
-                               "a directory or s3://bucket/prefix (one part per input part).")],
     broker: BrokerOpt,
+    out: Annotated[str | None, typer.Option(
+        "--out", metavar="PATH",
+        help="Output file, same format family as the input; for a dataset, a directory or "
+             "s3://bucket/prefix (one part per input part). Required.")] = None,
     errors: Annotated[Path | None, typer.Option(
         help="Failed rows (JSONL). Default: OUTPUT's stem + .JOB_ID.errors.jsonl "
              "(a dataset: OUTPUT/_errors/PART.errors.jsonl).")] = None,
@@ -96,6 +97,8 @@ def run(
         envvar="BATCHFLEET_BULK_JOB_ID",
         help="Run again with the same ID to resume. Default: a new ID (printed).")] = None,
     results: ResultsOpt = None,
+    old_output: Annotated[str | None, typer.Option(
+        "--output", "-o", hidden=True, help="Deprecated spelling of --out.")] = None,
     retry_failed: Annotated[bool, typer.Option(
         help="Run only the failed rows of a finished job again.")] = False,
     restart: Annotated[bool, typer.Option(
@@ -156,17 +159,17 @@ def run(
 
     Examples:
 
-        batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl --broker redis://localhost:6379/0
+        batchfleet bulk run -m demo-mlp -i rows.jsonl --out scores.jsonl --broker redis://localhost:6379/0
 
-        batchfleet bulk run -m demo-mlp -i rows.jsonl -o scores.jsonl --job-id nightly-20250101
+        batchfleet bulk run -m demo-mlp -i rows.jsonl --out scores.jsonl --job-id nightly-20250101
 
-        batchfleet bulk run -m demo-mlp -i x.parquet -o y.parquet --feature-columns f0,f1,f2
+        batchfleet bulk run -m demo-mlp -i x.parquet --out y.parquet --feature-columns f0,f1,f2
 
-        batchfleet bulk run -m demo-mlp -i x.npy -o y.npy --job-id nightly-20250101 --retry-failed
+        batchfleet bulk run -m demo-mlp -i x.npy --out y.npy --job-id nightly-1 --retry-failed
 
-        batchfleet bulk run -m demo-mlp -i s3://data/in -o s3://data/out --job-id n1 --shard 1/4
+        batchfleet bulk run -m demo-mlp -i s3://data/in --out s3://data/out --job-id n1 --shard 1/4
 
-        batchfleet bulk run -m demo-mlp -i 'parts/*.jsonl' -o scored/ --job-id n1
+        batchfleet bulk run -m demo-mlp -i 'parts/*.jsonl' --out scored/ --job-id n1
     """
     from batchfleet.producers.bulk import (
         BarProgress,
@@ -189,6 +192,9 @@ def run(
     from batchfleet.producers.bulk.stopping import Stopped, run_stoppable
     from batchfleet.schemas.errors import BatchfleetError, ConfigError
 
+    output = renamed("--out", out, "--output/-o", old_output)
+    if output is None:
+        raise fail("--out PATH is required (where the scored rows go)")
     _configure_logging(log_format, log_level)
     job_id = job_id or new_job_id()
     features = tuple(c.strip() for c in (feature_columns or "").split(",") if c.strip())
@@ -208,6 +214,7 @@ def run(
         options: dict[str, Any] = {
             "dtype": dtype, "input_column": input_column, "feature_columns": features,
             "id_column": id_column, "max_line_bytes": max_line_bytes, "version": version}
+        _ = endpoints.results_url  # a malformed --broker/--results: one line, exit 2
         main = _job_main(job_id, model, input, output, errors, shard, s3_endpoint,
                          staging_dir, options, endpoints, tuning, reporters[progress](),
                          retry_failed, restart)

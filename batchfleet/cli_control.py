@@ -187,7 +187,7 @@ def purge(
             if model not in known and not any(
                     (await control.lane_depths(model, lanes)).values()):
                 # a typo must not look like an empty lane purged
-                raise fail(UnregisteredModelError(model, known).advice("cli"), 1)
+                raise fail(UnregisteredModelError(model, known).advice("cli"))  # refused: 2
             return await body(control)
         finally:
             await control.close()

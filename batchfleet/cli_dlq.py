@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from batchfleet.connectors.dead_letters import DeadLetter
-from batchfleet.dlq import DeadLetterOps, Selection
+from batchfleet.dlq import DeadLetterOps, ReplayReport, Selection
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
 from batchfleet.output import (
     Column,
@@ -30,7 +30,10 @@ dlq_app = typer.Typer(
          "Examples:\n\n    batchfleet dlq list\n\n    batchfleet dlq replay --all --dry-run",
     no_args_is_help=True, rich_markup_mode="markdown")
 
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Only this model's DLQ.")]
+ModelOpt = Annotated[list[str] | None, typer.Option(
+    "--model", "-m", help="Only these models' DLQs (repeatable).")]
+ModelArgs = Annotated[list[str] | None, typer.Argument(
+    metavar="MODEL", help="Only these models' DLQs (the same as -m).", show_default=False)]
 
 
 def _run(broker: str, results: str | None, namespace: str,
@@ -46,8 +49,26 @@ def _run(broker: str, results: str | None, namespace: str,
 
 
 def _as_json(dl: DeadLetter) -> dict[str, object]:
+    """A letter for JSON and YAML: every time ISO 8601 UTC, the attempts' too."""
+    errors = [{**e, "at": iso_time(e["at"])} if isinstance(e.get("at"), int | float) else e
+              for e in dl.errors]
     return {"request_id": dl.request_id, "model": dl.model, "attempts": dl.attempts,
-            "reason": dl.reason, "dead_at": iso_time(dl.dead_at), "errors": dl.errors}
+            "reason": dl.reason, "dead_at": iso_time(dl.dead_at), "errors": errors}
+
+
+async def _selected(ops: DeadLetterOps, models: list[str], error_type: str | None
+                    ) -> list[DeadLetter]:
+    """The letters of ``models`` (every model when empty); a model with no dead-letter
+    queue is one warning on stderr, not an empty answer that looks like a clean one."""
+    if not models:
+        return await ops.letters(None, error_type)
+    known = set(await ops.queue.models())
+    for model in models:
+        if model not in known:
+            typer.secho(f"warning: no dead-letter queue for model {model!r} (queues: "
+                        f"{', '.join(sorted(known)) or 'none'})", err=True)
+    return [dl for model in dict.fromkeys(models) if model in known
+            for dl in await ops.letters(model, error_type)]
 
 
 def _row(dl: DeadLetter) -> dict[str, object]:
@@ -63,7 +84,8 @@ COLUMNS = (Column("request_id"), Column("model"), Column("attempts"),
 
 
 @dlq_app.command("list")
-def list_(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
+def list_(broker: BrokerOpt, models: ModelArgs = None, results: ResultsOpt = None,
+          model: ModelOpt = None,
           error_type: Annotated[str | None, typer.Option(help="Only this error type.")] = None,
           namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
           no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
@@ -74,12 +96,15 @@ def list_(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
 
         batchfleet dlq list --broker redis://localhost:6379/0
 
-        batchfleet dlq list -m demo-mlp --error-type model_error -o json
+        batchfleet dlq list demo-mlp
+
+        batchfleet dlq list -m demo-mlp -m demo-encoder --error-type model_error -o json
 
         batchfleet dlq list -o wide --no-headers | awk '{print $1}'
     """
     fmt = output_format(output, as_json)
-    letters = _run(broker, results, namespace, lambda ops: ops.letters(model, error_type))
+    wanted = [*(models or ()), *(model or ())]
+    letters = _run(broker, results, namespace, lambda ops: _selected(ops, wanted, error_type))
     render([_row(dl) for dl in letters], COLUMNS, fmt, no_headers,
            title=f"dead letters ({len(letters)})", body=[_as_json(dl) for dl in letters])
 
@@ -151,9 +176,9 @@ def replay(
     if not (request_ids or model or error_type or replay_all):
         raise fail("name request IDs, or select with --model / --error-type, or pass --all")
 
-    selection = Selection(model, error_type, tuple(request_ids or ()))
+    selections = [Selection(m, error_type, tuple(request_ids or ())) for m in _or_all(model)]
     if dry_run:
-        plan = _run(broker, results, namespace, lambda ops: ops.replay_plan(selection))
+        plan = _run(broker, results, namespace, lambda ops: _each(ops.replay_plan, selections))
         for rid in plan.replayed:
             typer.echo(f"would replay {rid}")
         for rid, why in plan.skipped.items():
@@ -161,10 +186,27 @@ def replay(
         typer.echo(f"would replay {len(plan.replayed)} request(s), skip "
                    f"{len(plan.skipped)} (dry run: nothing changed)")
         return
-    report = _run(broker, results, namespace, lambda ops: ops.replay_selected(selection))
+    report = _run(broker, results, namespace,
+                  lambda ops: _each(ops.replay_selected, selections))
     typer.echo(f"replayed {len(report.replayed)} request(s)")
     for rid, why in report.skipped.items():
         typer.echo(f"skipped {rid}: {why} (removed from the DLQ)")
+
+
+def _or_all(models: list[str] | None) -> list[str | None]:
+    """The models named, or ``[None]``: every model."""
+    return [*models] if models else [None]
+
+
+async def _each(run: Callable[[Selection], Awaitable[ReplayReport]],
+                selections: list[Selection]) -> ReplayReport:
+    """One report over several models' selections, run one after another."""
+    report = ReplayReport()
+    for selection in selections:
+        part = await run(selection)
+        report.replayed += part.replayed
+        report.skipped.update(part.skipped)
+    return report
 
 
 @dlq_app.command()
@@ -183,7 +225,10 @@ def purge(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
     if not (model or purge_all):
         raise fail("pass --model NAME or --all")
     if not yes:
-        typer.confirm(f"Delete the dead letters of {model or 'every model'}?", abort=True)
+        typer.confirm(f"Delete the dead letters of {', '.join(model or ['every model'])}?",
+                      abort=True)
 
-    typer.echo(f"purged {_run(broker, results, namespace, lambda ops: ops.purge(model))} "
-               "dead letter(s)")
+    async def go(ops: DeadLetterOps) -> int:
+        return sum([await ops.purge(m) for m in _or_all(model)])
+
+    typer.echo(f"purged {_run(broker, results, namespace, go)} dead letter(s)")

@@ -10,7 +10,14 @@ from typing import Annotated
 
 import typer
 
-from batchfleet.options import NamespaceOpt, ResultsOpt, fail
+from batchfleet.options import (
+    CallbackAllowNetsOpt,
+    CallbackHostsOpt,
+    CallbackSchemesOpt,
+    NamespaceOpt,
+    ResultsOpt,
+    fail,
+)
 from batchfleet.schemas.errors import ConfigError
 
 gateway_app = typer.Typer(invoke_without_command=True, rich_markup_mode="markdown")
@@ -26,15 +33,6 @@ IdSecretOpt = Annotated[str | None, typer.Option(
 PoolOpt = Annotated[int, typer.Option(
     "--redis-max-connections", envvar="BATCHFLEET_GATEWAY_REDIS_MAX_CONNECTIONS",
     help="Size of each Redis connection pool; past it, requests wait for a free connection.")]
-SchemesOpt = Annotated[str, typer.Option(
-    "--callback-schemes", envvar="BATCHFLEET_CALLBACK_SCHEMES",
-    help="Allowed callback URL schemes, comma-separated.")]
-HostsOpt = Annotated[str, typer.Option(
-    "--callback-hosts", envvar="BATCHFLEET_CALLBACK_HOSTS",
-    help="Allowed callback hosts (exact or *.suffix), comma-separated; empty: any public host.")]
-NetsOpt = Annotated[str, typer.Option(
-    "--callback-allow-nets", envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
-    help="Private/loopback networks callbacks may still reach, e.g. 127.0.0.0/8.")]
 
 
 def _keys(keys_file: Path | None) -> str:
@@ -52,8 +50,11 @@ def gateway(
         help="redis://host:port/db or kafka://host:port[,host:port].")] = None,
     results: ResultsOpt = None,
     namespace: NamespaceOpt = "bf",
-    host: Annotated[str, typer.Option(envvar="BATCHFLEET_GATEWAY_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="BATCHFLEET_GATEWAY_PORT")] = 8080,
+    host: Annotated[str, typer.Option(
+        envvar="BATCHFLEET_GATEWAY_HOST",
+        help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(
+        envvar="BATCHFLEET_GATEWAY_PORT", min=1, max=65535, help="Port to listen on.")] = 8080,
     keys_file: KeysFileOpt = None,
     max_body_bytes: Annotated[int, typer.Option(
         envvar="BATCHFLEET_GATEWAY_MAX_BODY_BYTES", help="Larger bodies get 413.")] = 1 << 20,
@@ -61,9 +62,9 @@ def gateway(
         envvar="BATCHFLEET_GATEWAY_MAX_BATCH_ITEMS", help="Most requests per batch.")] = 1000,
     max_wait_s: Annotated[float, typer.Option(
         envvar="BATCHFLEET_GATEWAY_MAX_WAIT_S", help="Longest long-poll.")] = 60.0,
-    callback_schemes: SchemesOpt = "https",
-    callback_hosts: HostsOpt = "",
-    callback_allow_nets: NetsOpt = "",
+    callback_schemes: CallbackSchemesOpt = "https",
+    callback_hosts: CallbackHostsOpt = "",
+    callback_allow_nets: CallbackAllowNetsOpt = "",
     id_secret: IdSecretOpt = None,
     redis_max_connections: PoolOpt = 256,
     admit_max_memory: Annotated[float, typer.Option(
@@ -94,10 +95,12 @@ def gateway(
     if not broker:
         raise fail("--broker (or BATCHFLEET_BROKER) is required")
     from batchfleet.connectors.ssrf import CallbackPolicy
+    from batchfleet.connectors.urls import BrokerURL, results_url_for
     from batchfleet.producers.gateway import GatewaySettings, KeyRing
     from batchfleet.producers.gateway.server import serve
 
     try:
+        results_url_for(BrokerURL.parse(broker), results)  # a bad URL: one line, exit 2
         settings = GatewaySettings(
             broker=broker, results=results, namespace=namespace,
             keys=KeyRing.parse(_keys(keys_file)),
@@ -109,7 +112,37 @@ def gateway(
             admit_max_backlog=admit_max_backlog).validated()
     except (ConfigError, OSError) as exc:
         raise fail(str(exc)) from exc
+    _check_port(host, port)
+    _access_log_to_stderr()
     serve(settings, host, port, log_level)
+
+
+def _access_log_to_stderr() -> None:
+    """uvicorn's default logging sends its access lines to stdout; every log line of
+    ours goes to stderr (README "Commands"), so the entry point points them there."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    LOGGING_CONFIG["handlers"]["access"]["stream"] = "ext://sys.stderr"
+
+
+def _check_port(host: str, port: int) -> None:
+    """A port already taken is one line and exit 1 before uvicorn starts (it would log
+    its start-up, then the bind error, and exit 3). A race with another binder is left
+    to uvicorn."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}: another "
+                       "process holds it; pick another --port", 1) from exc
 
 
 @gateway_app.command("hash-key")
@@ -123,7 +156,8 @@ def hash_key_cmd(
         "--scopes", help="Extra powers, comma-separated: admin (read every key's results).")] = "",
     rate: Annotated[float, typer.Option("--rate", help="Requests per second; 0: no limit.")] = 0,
     burst: Annotated[int, typer.Option(
-        "--burst", help="Requests at once after a quiet spell; default: one second's.")] = 0,
+        "--burst", help="Requests at once after a quiet spell; 0: one second's worth "
+                        "(--rate).")] = 0,
     max_in_flight: Annotated[int, typer.Option(
         "--max-in-flight", help="Requests submitted and not yet finished; 0: no limit.")] = 0,
 ) -> None:

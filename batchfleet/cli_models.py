@@ -20,6 +20,7 @@ from batchfleet.options import (
     NamespaceOpt,
     ResultsOpt,
     fail,
+    renamed,
     run_against,
 )
 from batchfleet.output import (
@@ -29,6 +30,7 @@ from batchfleet.output import (
     console,
     dump,
     human_time,
+    iso_times,
     output_format,
     render,
     table,
@@ -67,29 +69,32 @@ def _spec(option: str, text: str | None) -> TensorSpec | None:
 def declare(
     name: NameArg, broker: BrokerOpt,
     input_spec: Annotated[str | None, typer.Option(
-        "--input", metavar="DTYPE[SHAPE]",
+        "--input-spec", "--input", metavar="DTYPE[SHAPE]",
         help="Per-request input, e.g. float32[10]; submits off it are refused at once.")
     ] = None,
     output_spec: Annotated[str | None, typer.Option(
-        "--output", metavar="DTYPE[SHAPE]", help="Per-request output, e.g. float32[1].")
+        "--output-spec", metavar="DTYPE[SHAPE]", help="Per-request output, e.g. float32[1].")
     ] = None,
     results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+    old_output: Annotated[str | None, typer.Option(
+        "--output", hidden=True, help="Deprecated spelling of --output-spec.")] = None,
 ) -> None:
     """Declare a model before any worker serves it: submits are accepted and wait in its
     lane until a worker starts. Declaring again replaces the specs.
 
     Examples:
 
-        batchfleet models declare fraud --input float32[10] --output float32[1] --broker redis://localhost:6379/0
+        batchfleet models declare fraud --input-spec float32[10] --output-spec float32[1] --broker redis://localhost:6379/0
 
-        batchfleet models declare ranker --input int64[64]
+        batchfleet models declare ranker --input-spec int64[64]
     """
     try:
         check_model_name(name)
     except BatchfleetError as exc:
         raise fail(str(exc)) from exc
-    declaration = Declaration(time.time(), _spec("--input", input_spec),
-                              _spec("--output", output_spec))
+    output_spec = renamed("--output-spec", output_spec, "--output", old_output)
+    declaration = Declaration(time.time(), _spec("--input-spec", input_spec),
+                              _spec("--output-spec", output_spec))
     _run(broker, results, namespace, lambda registry: registry.declare(name, declaration))
     spec = f" ({declaration.input.describe()})" if declaration.input else ""
     typer.echo(f"declared {name}{spec}")
@@ -134,7 +139,7 @@ def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt
              or "—", "live": len(r.live_workers(now)), "stable": r.policy.stable,
              "shards": r.lane_shards} for r in records]
     render(rows, COLUMNS, fmt, no_headers, title=f"models ({len(records)})",
-           body=[r.to_json(now) for r in records])
+           body=iso_times([r.to_json(now) for r in records]))
 
 
 COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versions"),
@@ -163,7 +168,7 @@ def show(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
                    f"declare it with `batchfleet models declare {name} --input DTYPE[SHAPE]`", 1)
     now = time.time()
     if fmt in ("json", "yaml"):
-        dump(record.to_json(now), fmt)
+        dump(iso_times(record.to_json(now)), fmt)
         return
     _print_record(record, now, wide=fmt == "wide", no_headers=no_headers)
 

@@ -32,6 +32,7 @@ from batchfleet.output import (
     console,
     dump,
     human_time,
+    iso_times,
     output_format,
     table,
 )
@@ -178,7 +179,7 @@ def status(
     output = output_format(output, as_json)
     found = _run(broker, results, namespace, lambda r: r.status(model, history))
     if output in ("json", "yaml"):
-        dump(found.to_json(), output)
+        dump(iso_times(found.to_json()), output)
         return
     _print_status(found, wide=output == "wide", no_headers=no_headers)
 

@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
-from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, output_format
+from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, iso_times, output_format
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.status import FleetReader, FleetSnapshot, render
 
@@ -25,10 +25,10 @@ async def _read(reader: FleetReader) -> FleetSnapshot:
 
 
 def _show(snap: FleetSnapshot, output: str, no_headers: bool) -> None:
-    """One snapshot: ``to_json()`` unchanged as JSON (the gateway's ``/v1/fleet`` is the
-    same document) or YAML, else the tables."""
+    """One snapshot: ``to_json()`` (the gateway's ``/v1/fleet`` document) with its times
+    as ISO 8601 UTC, as JSON or YAML; else the tables."""
     if output in ("json", "yaml"):
-        dump(snap.to_json(), output)
+        dump(iso_times(snap.to_json()), output)
     else:
         console().print(render(snap, wide=output == "wide", no_headers=no_headers))
 

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from batchfleet.options import JsonOpt, NamespaceOpt, fail
+from batchfleet.options import (
+    CallbackAllowNetsOpt,
+    CallbackHostsOpt,
+    CallbackSchemesOpt,
+    JsonOpt,
+    NamespaceOpt,
+    fail,
+)
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, output_format, render
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -27,10 +34,10 @@ RedisOpt = Annotated[str, typer.Option(
 
 
 def _queue(url: str, namespace: str) -> Queue:
+    from batchfleet.connectors.urls import parse_url
     from batchfleet.connectors.webhook_queue import rq_queue
 
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"--results must be a Redis URL (redis://host:port/db), not {url!r}")
+    parse_url(url, ("redis", "rediss", "unix"), "results")  # RQ: one node, no cluster
     return rq_queue(url, Names(namespace))
 
 
@@ -41,14 +48,9 @@ def worker(
     secret: Annotated[str, typer.Option(
         envvar="BATCHFLEET_WEBHOOK_SECRET", help="HMAC-SHA256 signing secret (required).",
         show_default=False)] = "",
-    callback_schemes: Annotated[str, typer.Option(envvar="BATCHFLEET_CALLBACK_SCHEMES")
-                                ] = "https",
-    callback_hosts: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_CALLBACK_HOSTS",
-        help="Allowed hosts (exact or *.suffix); empty: any public host.")] = "",
-    callback_allow_nets: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
-        help="Private/loopback networks still allowed, e.g. 127.0.0.0/8.")] = "",
+    callback_schemes: CallbackSchemesOpt = "https",
+    callback_hosts: CallbackHostsOpt = "",
+    callback_allow_nets: CallbackAllowNetsOpt = "",
     timeout_s: Annotated[float, typer.Option(envvar="BATCHFLEET_WEBHOOK_TIMEOUT_S",
                                              help="Per-delivery HTTP timeout.")] = 10.0,
     burst: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,

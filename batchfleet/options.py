@@ -18,10 +18,19 @@ ResultsOpt = Annotated[str | None, typer.Option(
     "Defaults to the broker's URL when it is Redis.")]
 NamespaceOpt = Annotated[str, typer.Option(
     "--namespace", envvar="BATCHFLEET_NAMESPACE", help="Prefix of every key, stream and topic.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="The same as -o json.")]
+CallbackSchemesOpt = Annotated[str, typer.Option(
+    "--callback-schemes", envvar="BATCHFLEET_CALLBACK_SCHEMES",
+    help="Allowed callback URL schemes, comma-separated.")]
+CallbackHostsOpt = Annotated[str, typer.Option(
+    "--callback-hosts", envvar="BATCHFLEET_CALLBACK_HOSTS",
+    help="Allowed callback hosts (exact or *.suffix), comma-separated; empty: any public host.")]
+CallbackAllowNetsOpt = Annotated[str, typer.Option(
+    "--callback-allow-nets", envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
+    help="Private/loopback networks callbacks may still reach, e.g. 127.0.0.0/8.")]
 
-#: Exit codes every command shares (docs/operations.md "Exit codes"); a command may add
-#: its own above these (``result``: 3 pending, 4 unknown; ``bulk run``: 3 cancelled).
+#: Exit codes every command shares (README "Exit codes"); a command may add its own
+#: above these (``result``: 3 pending, 4 unknown; ``bulk run``: 3 cancelled).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
@@ -35,6 +44,7 @@ class _Closable(Protocol):
 
 C = TypeVar("C", bound=_Closable)
 R = TypeVar("R")
+V = TypeVar("V")
 
 
 def run_against(opener: Callable[[str, Any], C], broker: str, results: str | None,
@@ -57,6 +67,17 @@ def run_against(opener: Callable[[str, Any], C], broker: str, results: str | Non
         return asyncio.run(go())
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
+
+
+def renamed(new: str, value: V | None, old: str, old_value: V | None) -> V | None:
+    """A flag's value under its new name or its deprecated one (which says so on stderr,
+    one line); both at once is a usage error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise fail(f"give {new} only ({old} is its deprecated spelling)")
+    typer.secho(f"warning: {old} is deprecated here; use {new}", err=True)
+    return old_value
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -103,15 +124,21 @@ def handled(exc: BaseException) -> bool:
 
 def error_line(exc: BaseException) -> tuple[str, int]:
     """One line (what failed, where, what to do) and the exit code for a handled error."""
-    from batchfleet.schemas.errors import ConfigError
-
     leaf = _leaf(exc)
     what = " ".join(str(leaf).split()).rstrip(".") or type(leaf).__name__
     if is_driver_error(leaf) or isinstance(leaf, OSError):
         what = f"{type(leaf).__name__}: {what}"
     advice = _advice(leaf)
-    return (f"{what}: {advice}" if advice else what,
-            EXIT_USAGE if isinstance(leaf, ConfigError) else EXIT_FAILED)
+    return (f"{what}: {advice}" if advice else what, exit_code(leaf))
+
+
+def exit_code(exc: BaseException) -> int:
+    """The README's exit-code table for an error: 2 when what was asked cannot work as
+    given (a setting, URL, input or model name; nothing was done), else 1."""
+    from batchfleet.schemas.errors import ConfigError, UnknownModelError, ValidationError
+
+    refused = isinstance(exc, ConfigError | ValidationError | UnknownModelError)
+    return EXIT_USAGE if refused else EXIT_FAILED
 
 
 #: The top-level modules each extra installs (pyproject's optional-dependencies). Only a

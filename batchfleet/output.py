@@ -1,9 +1,11 @@
-"""How listing commands print: one table/wide/json/yaml switch, full IDs, readable times.
+"""How commands print data: one table/wide/json/yaml switch, full IDs, readable times.
 
-Every listing command takes ``-o table|wide|json|yaml`` (``--json`` stays as an alias
-for ``-o json``) and ``--no-headers``, and hands its rows to :func:`render`. Tables
-fold long cells instead of cutting them, so an ID copied from a table is the whole ID;
-times are local and human in tables, ISO 8601 (UTC) in JSON and YAML.
+Every command that prints data takes ``-o table|wide|json|yaml`` (``--json`` stays as
+an alias for ``-o json``), listings also ``--no-headers``, and hands rows to
+:func:`render`. On a terminal, tables fold long cells instead of cutting them, so an ID
+copied from a table is the whole ID. Piped or redirected, a table is plain columns: no
+box, no title, no colour, and a row is one line however long (``awk '{print $1}'`` gets
+whole IDs). Times are local and human in tables, ISO 8601 (UTC) in JSON and YAML.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ OutputOpt = Annotated[str, typer.Option(
     help="table, wide (every column), json or yaml.")]
 NoHeadersOpt = Annotated[bool, typer.Option(
     "--no-headers", help="Tables without the header row and title (for scripts).")]
-#: The width of a table written to a file or a pipe: wide enough that rows rarely fold.
-PIPE_WIDTH = 200
+#: The width given to a table written to a file or a pipe: so wide that no row folds.
+PIPE_WIDTH = 100_000
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,35 @@ def iso_time(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
+def piped() -> bool:
+    """Whether stdout is a file or a pipe (plain output) rather than a terminal."""
+    return not Console().is_terminal
+
+
+#: Keys whose numbers are epoch times in the documents commands print (besides ``*_at``).
+_TIME_KEYS = frozenset({"at", "last_seen"})
+
+
+def iso_times(body: Any) -> Any:
+    """``body`` with every epoch time (a number under ``*_at``, ``at`` or ``last_seen``)
+    as ISO 8601 UTC, at any depth: the README's promise for JSON and YAML output."""
+    if isinstance(body, Mapping):
+        return {k: iso_time(v) if isinstance(v, int | float) and not isinstance(v, bool)
+                and (k in _TIME_KEYS or str(k).endswith("_at")) else iso_times(v)
+                for k, v in body.items()}
+    if isinstance(body, list | tuple):
+        return [iso_times(v) for v in body]
+    return body
+
+
 def console() -> Console:
-    """stdout; wide when it is a file or a pipe, so only a narrow terminal folds cells."""
+    """stdout; unbounded and plain when it is a file or a pipe, so only a narrow terminal
+    folds cells."""
     out = Console()
-    return out if out.is_terminal else Console(width=max(out.width, PIPE_WIDTH))
+    if out.is_terminal:
+        return out
+    return Console(width=PIPE_WIDTH, no_color=True, highlight=False, emoji=False,
+                   soft_wrap=True)
 
 
 def dump(body: Any, output: str) -> None:
@@ -92,14 +119,18 @@ def dump(body: Any, output: str) -> None:
 
 def table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column], *,
           wide: bool = False, no_headers: bool = False, title: str | None = None) -> Table:
-    """A rich table whose cells fold (never truncate) when the terminal is narrow."""
+    """A rich table whose cells fold (never truncate) when the terminal is narrow; plain
+    columns, one line a row, when stdout is piped."""
     shown = [c for c in columns if wide or not c.wide]
-    out = Table(title=None if no_headers else title, show_header=not no_headers,
-                box=None if no_headers else box.HEAVY_HEAD)
+    plain = piped()
+    out = Table(title=None if no_headers or plain else title, show_header=not no_headers,
+                box=None if no_headers or plain else box.HEAVY_HEAD,
+                header_style="" if plain else "table.header", pad_edge=not plain)
     for column in shown:
-        out.add_column(column.header or column.key, overflow="fold", no_wrap=False)
+        out.add_column(column.header or column.key, overflow="fold", no_wrap=plain)
     for row in rows:
-        out.add_row(*(column.cell(row) for column in shown))
+        out.add_row(*(" ".join(column.cell(row).splitlines()) if plain else column.cell(row)
+                      for column in shown))
     return out
 
 

@@ -1,18 +1,131 @@
-"""Parsing of ``--broker`` and ``--results`` URLs into typed settings."""
+"""The one strict parser of ``--broker`` and ``--results`` URLs.
+
+Every command, the SDK, the gateway and the worker reach a broker or a store through
+:meth:`BrokerURL.parse` and :func:`results_url_for`, so a URL is refused here, whole,
+before anything dials: ``redis:/h:1/0`` (one slash) once reached redis-py, which read
+it as "no host" and connected to localhost:6379, a different Redis. A refusal is an
+:class:`~batchfleet.schemas.errors.URLError` (a ``ConfigError``): one line, exit 2.
+
+Which schemes exist is not written here: result stores come from the control-plane
+table (:data:`~batchfleet.connectors.control_plane.FACTORIES`) and brokers from
+:data:`BROKERS`. Only the *shape* of the built-in schemes' addresses is known here; a
+scheme a backend adds later needs ``scheme://`` and a non-empty rest.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
-from batchfleet.connectors.redis_client import (
-    CLUSTER_SCHEME,
-    REDIS_SCHEMES,
-    cluster_nodes,
-    is_cluster_url,
-)
-from batchfleet.schemas.errors import ConfigError
+from batchfleet.connectors.redis_client import CLUSTER_SCHEME, REDIS_SCHEMES, is_cluster_url
+from batchfleet.schemas.errors import ConfigError, URLError
+
+BrokerKind = Literal["redis", "kafka"]
+#: Broker scheme -> the transport behind it (``open_publisher``/``open_consumer``).
+BROKERS: dict[str, BrokerKind] = {**{s: "redis" for s in REDIS_SCHEMES}, "kafka": "kafka"}
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.S)
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(\d*))?$")
+_EXAMPLE = {"broker": "redis://localhost:6379/0", "results": "redis://localhost:6379/0"}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedURL:
+    """The parts of a URL that passed :func:`parse_url`: the hosts it names, its db."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int | None], ...]
+    db: int | None
+
+
+_PASSWORD = re.compile(r"(?P<head>://[^/@]*?:)[^/@]*@")
+
+
+def _refuse(what: str, url: str, why: str) -> URLError:
+    """One line that says what is wrong, with any password in the URL masked."""
+    shown = _PASSWORD.sub(r"\g<head>***@", url)
+    example = _EXAMPLE.get(what, "redis://localhost:6379/0")
+    return URLError(f"{what} URL {shown!r}: {why} (for example {example})", url=url)
+
+
+def _host_port(what: str, url: str, part: str, *, port_required: bool
+               ) -> tuple[str, int | None]:
+    found = _HOST_PORT.match(part)
+    if found is None:
+        raise _refuse(what, url, f"{part!r} is not host:port" if part else "no host")
+    host, port = found.group(1), found.group(2)
+    if port is None:
+        if port_required:
+            raise _refuse(what, url, f"{host!r} has no port (host:port)")
+        return host, None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise _refuse(what, url, f"port {port!r} is not a number from 1 to 65535")
+    return host, int(port)
+
+
+def _db(what: str, url: str, path: str, *, cluster: bool) -> int | None:
+    db = path.strip("/")
+    if "/" in db:
+        raise _refuse(what, url, f"path {path!r} is not /DB")
+    if not db:
+        return None
+    if not db.isdigit():
+        raise _refuse(what, url, f"database {db!r} is not a number")
+    if cluster and int(db) != 0:
+        raise _refuse(what, url, "a Redis Cluster has only database 0")
+    return int(db)
+
+
+def parse_url(url: str, schemes: Iterable[str], what: str = "broker") -> ParsedURL:
+    """``url`` checked whole: scheme among ``schemes``, host(s), port(s), database.
+
+    ``redis``/``rediss``: ``host[:port][/db]``; ``redis+cluster`` and ``kafka``:
+    ``host:port[,host:port]``; ``unix``: ``/path/to/socket``. Credentials
+    (``user:password@``) and a ``?query`` are passed through to the driver.
+    """
+    known = sorted(schemes)
+    found = _SCHEME.match(url.strip())
+    if found is None:
+        raise _refuse(what, url, f"not scheme://host:port; schemes are {', '.join(known)}")
+    scheme, rest = found.group(1).lower(), found.group(2)
+    if scheme not in known:
+        raise _refuse(what, url, f"unknown scheme {scheme!r}; schemes are {', '.join(known)}")
+    rest, _, _query = rest.partition("?")
+    rest = rest.partition("#")[0]
+    if scheme == "unix":
+        if not rest.startswith("/") or rest == "/":
+            raise _refuse(what, url, "a unix:// URL needs a socket path, unix:///path/to/sock")
+        return ParsedURL(scheme, (), None)
+    if scheme not in BROKERS and scheme not in REDIS_SCHEMES:
+        if not rest.strip("/"):
+            raise _refuse(what, url, "nothing after the scheme")
+        return ParsedURL(scheme, (), None)  # a backend's own scheme: it checks the rest
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = netloc.rsplit("@", 1)[1]
+    listed = scheme in (CLUSTER_SCHEME, "kafka")
+    if not netloc:
+        raise _refuse(what, url, "no host" + (" list" if listed else ""))
+    parts = netloc.split(",")
+    if not listed and len(parts) > 1:
+        raise _refuse(what, url, f"{scheme}:// takes one host; redis+cluster:// takes a list")
+    hosts = tuple(_host_port(what, url, unquote(p.strip()), port_required=listed)
+                  for p in parts)
+    if scheme == "kafka":
+        if path.strip("/"):
+            raise _refuse(what, url, "a kafka:// URL has no path (kafka://host:port[,host:port])")
+        return ParsedURL(scheme, hosts, None)
+    return ParsedURL(scheme, hosts, _db(what, url, slash + path, cluster=scheme == CLUSTER_SCHEME))
+
+
+def result_store_schemes() -> list[str]:
+    """The schemes a result store is registered under (the control-plane table)."""
+    from batchfleet.connectors.control_plane import FACTORIES
+
+    return sorted(FACTORIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +133,7 @@ class BrokerURL:
     """A parsed broker URL: ``redis://host:port/db``, ``redis+cluster://host:port[,host:port]``
     (Redis Cluster; ``kind`` is still ``redis``) or ``kafka://host:port[,host:port]``."""
 
-    kind: Literal["redis", "kafka"]
+    kind: BrokerKind
     url: str
 
     @property
@@ -30,20 +143,8 @@ class BrokerURL:
 
     @classmethod
     def parse(cls, url: str) -> BrokerURL:
-        scheme = urlsplit(url).scheme
-        if scheme in REDIS_SCHEMES:
-            if scheme == CLUSTER_SCHEME:
-                cluster_nodes(url)  # refuse a malformed host list here, not at first use
-            return cls("redis", url)
-        if scheme == "kafka":
-            hosts = url.split("://", 1)[1].rstrip("/")
-            if not hosts or any(":" not in h for h in hosts.split(",")):
-                raise ConfigError(f"kafka URL {url!r} must look like kafka://host:port[,host:port]")
-            return cls("kafka", url)
-        raise ConfigError(
-            f"broker URL {url!r} must start with redis://, rediss://, redis+cluster:// or kafka:// "
-            "(for example redis://localhost:6379/0)"
-        )
+        parsed = parse_url(url, BROKERS, "broker")
+        return cls(BROKERS[parsed.scheme], url.strip())
 
 
 def results_url_for(broker: BrokerURL, results: str | None) -> str:
@@ -52,17 +153,12 @@ def results_url_for(broker: BrokerURL, results: str | None) -> str:
     A Redis broker and the result store are both Redis Cluster or both not: the request
     control plane reads both with one set of key names."""
     if results:
-        scheme = urlsplit(results).scheme
-        if scheme not in REDIS_SCHEMES:
-            raise ConfigError(
-                f"results URL {results!r} must be a redis:// or redis+cluster:// URL")
-        if scheme == CLUSTER_SCHEME:
-            cluster_nodes(results)
+        scheme = parse_url(results, result_store_schemes(), "results").scheme
         if broker.kind == "redis" and is_cluster_url(broker.url) != (scheme == CLUSTER_SCHEME):
             raise ConfigError(
                 "a Redis broker and the result store must both be Redis Cluster "
                 "(redis+cluster://) or both not; mixing them is not supported")
-        return results
+        return results.strip()
     if broker.kind == "redis":
         return broker.url
     raise ConfigError(

@@ -68,6 +68,15 @@ class ConfigError(BatchfleetError):
     wire_type = "config_error"
 
 
+class URLError(ConfigError):
+    """A ``--broker``/``--results`` URL that is malformed or names no known scheme;
+    ``url`` is the URL as given. Refused before anything connects."""
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
 # --- models --------------------------------------------------------------------------
 
 

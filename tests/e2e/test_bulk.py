@@ -108,7 +108,7 @@ async def test_malformed_rows_go_to_the_errors_file_with_line_numbers(
                                mlp_reference(x), **TOL)
     assert all(r["outputs"] is None for r in out if r["status"] == "failed")
     # the CLI on the finished job: its report, and the exit code judged by the failure rate
-    common = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "-o",
+    common = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "--out",
               str(spec.output), "--job-id", "malformed-1", "--broker", redis_url]
     code, stdout, _ = await _cli(*common, "--json")
     assert code == 1 and json.loads(stdout)["failed"] == 6

@@ -71,7 +71,7 @@ async def test_a_65_tensor_row_and_a_150mb_line_fail_alone_and_memory_stays_flat
         f.write(json.dumps({"custom_id": "ints", "inputs": list(range(10))}).encode() + b"\n")
     huge_len = 150 * len(huge_chunk) + len(b'{"custom_id": "huge", "inputs": [0.5]}')
     out = tmp_path / "out.jsonl"
-    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "-o", str(out),
+    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "--out", str(out),
             "--job-id", "no-row-kills", "--broker", redis_url, "--progress", "none",
             "--json", "--max-failure-rate", "0.05"]
     rss_file = tmp_path / "peak_rss"
@@ -107,7 +107,7 @@ async def test_a_finished_job_whose_output_was_deleted_says_so_and_restarts(
     with (tmp_path / "in.jsonl").open("wb") as f:
         _write_rows(f, x, 0)
     spec = JobSpec.create("gone-1", "demo-mlp", tmp_path / "in.jsonl", tmp_path / "out.jsonl")
-    args = ["run", "-m", "demo-mlp", "-i", str(spec.input), "-o", str(spec.output),
+    args = ["run", "-m", "demo-mlp", "-i", str(spec.input), "--out", str(spec.output),
             "--job-id", "gone-1", "--broker", redis_url, "--progress", "none", "--json"]
     async with running_worker(redis_url) as worker:
         assert (await run_job(spec, Endpoints(redis_url))).rows == 50
@@ -149,7 +149,7 @@ async def test_a_half_done_job_whose_output_was_deleted_gives_one_coherent_messa
         cancelled = await asyncio.wait_for(job, 30)
     assert cancelled.status == "cancelled" and 0 < cancelled.rows < n
     spec.output.unlink()
-    code, _, err = await _cli("run", "-m", "demo-mlp", "-i", str(spec.input), "-o",
+    code, _, err = await _cli("run", "-m", "demo-mlp", "-i", str(spec.input), "--out",
                               str(spec.output), "--job-id", "half-1", "--broker", redis_url)
     assert code == 2
     assert _error_lines(err) == [
@@ -165,7 +165,7 @@ async def test_a_parquet_id_column_in_the_features_warns_and_stops_early(
     x = mlp_inputs(n, seed=23)
     pq.write_table(pa.table({"id": np.arange(n), **{f"f{j}": x[:, j] for j in range(10)}}),
                    tmp_path / "in.parquet", row_group_size=500)
-    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.parquet"), "-o",
+    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.parquet"), "--out",
             str(tmp_path / "out.parquet"), "--job-id", "id-trap", "--broker", redis_url,
             "--progress", "none", "--log-format", "json"]
     async with running_worker(redis_url, max_batch_size=128):
@@ -231,7 +231,7 @@ async def test_most_of_the_first_rows_failing_stops_early_with_the_rate_and_the_
         for i, row in enumerate(x.tolist()):
             inputs = [round(v * 10) for v in row] if i % 3 else row
             f.write(json.dumps({"custom_id": f"c{i}", "inputs": inputs}).encode() + b"\n")
-    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "-o",
+    args = ["run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"), "--out",
             str(tmp_path / "out.jsonl"), "--job-id", "rate-trap", "--broker", redis_url,
             "--progress", "none"]
     async with running_worker(redis_url, max_batch_size=64):

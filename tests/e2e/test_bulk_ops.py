@@ -76,7 +76,7 @@ async def test_sigterm_saves_a_final_checkpoint_and_shows_the_cursor_again(
     async with running_worker(redis_url, max_batch_size=32):
         proc = await asyncio.create_subprocess_exec(
             *BULK_COMMAND, "run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"),
-            "-o", str(out), "--job-id", "term-1", "--broker", redis_url, "--window", "64",
+            "--out", str(out), "--job-id", "term-1", "--broker", redis_url, "--window", "64",
             "--progress", "bar", stderr=follower, stdout=asyncio.subprocess.DEVNULL,
             stdin=asyncio.subprocess.DEVNULL,
             # a capable terminal, whatever CI's TERM says: on TERM=dumb rich rightly never
@@ -134,7 +134,7 @@ async def test_with_no_worker_it_says_so_once_and_ctrl_c_logs_no_empty_error(
     write_jsonl(tmp_path / "in.jsonl", mlp_inputs(30, 4))
     proc = await asyncio.create_subprocess_exec(
         *BULK_COMMAND, "run", "-m", "demo-mlp", "-i", str(tmp_path / "in.jsonl"),
-        "-o", str(tmp_path / "out.jsonl"), "--job-id", "idle-1", "--broker", redis_url,
+        "--out", str(tmp_path / "out.jsonl"), "--job-id", "idle-1", "--broker", redis_url,
         "--progress", "log", stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
     assert proc.stderr is not None
     lines: list[str] = []

@@ -69,7 +69,7 @@ async def test_jsonl_job_killed_halfway_resumes_to_exactly_the_right_output(
     x = mlp_inputs(N, seed=10)
     write_jsonl(tmp_path / "in.jsonl", x)
     args = ["--model", "demo-mlp", "--input", str(tmp_path / "in.jsonl"),
-            "--output", str(tmp_path / "out.jsonl"), "--job-id", "kill-jsonl",
+            "--out", str(tmp_path / "out.jsonl"), "--job-id", "kill-jsonl",
             "--broker", redis_url]
     async with running_worker(redis_url, max_batch_size=256) as worker:
         saved = await _kill_halfway(args, redis_url, "kill-jsonl")
@@ -95,7 +95,7 @@ async def test_parquet_job_killed_halfway_resumes_from_its_last_part(
     pq.write_table(pa.table({"custom_id": [f"id-{i}" for i in range(N)], "inputs": column}),
                    tmp_path / "in.parquet", row_group_size=30_000)
     args = ["--model", "demo-mlp", "--input", str(tmp_path / "in.parquet"),
-            "--output", str(tmp_path / "out.parquet"), "--job-id", "kill-parquet",
+            "--out", str(tmp_path / "out.parquet"), "--job-id", "kill-parquet",
             "--part-rows", "10000", "--broker", redis_url]
     async with running_worker(redis_url, max_batch_size=256) as worker:
         saved = await _kill_halfway(args, redis_url, "kill-parquet")
@@ -120,7 +120,7 @@ async def test_interactive_requests_are_served_while_a_bulk_job_saturates_the_fl
     async with running_worker(redis_url, handlers={"slow": handler}, max_batch_size=32), \
             AsyncClient(redis_url) as client:
         proc = await _start("--model", "slow", "--input", str(tmp_path / "in.jsonl"),
-                            "--output", str(tmp_path / "out.jsonl"), "--job-id", "busy",
+                            "--out", str(tmp_path / "out.jsonl"), "--job-id", "busy",
                             "--window", "6000", "--broker", redis_url)
         try:
             await wait_for_rows(redis_url, "busy", 1000, timeout=120)

@@ -151,7 +151,7 @@ async def test_sharded_s3_parquet_dataset_killed_and_resumed_matches_the_local_r
         pq.write_table(table, local_dir / f"part-{i}.parquet")
         inputs.append(x)
     fs.create_dir("data/in/_logs")  # not a part: skipped, as dataset readers skip it
-    common = ["--model", "slow", "--input", "s3://data/in", "--output", "s3://data/out",
+    common = ["--model", "slow", "--input", "s3://data/in", "--out", "s3://data/out",
               "--job-id", "nightly", "--part-rows", "250", "--broker", redis_url,
               "--staging-dir", str(tmp_path / "staging")]
     env = moto_s3.env()
@@ -213,7 +213,7 @@ async def test_local_jsonl_parts_from_a_glob_and_a_directory(
     async with running_worker(redis_url, max_batch_size=64):
         glob = await asyncio.create_subprocess_exec(
             *BULK_COMMAND, "run", "--model", "demo-mlp", "--input", str(src / "*.jsonl"),
-            "--output", str(tmp_path / "by-glob"), "--job-id", "glob", "--broker", redis_url,
+            "--out", str(tmp_path / "by-glob"), "--job-id", "glob", "--broker", redis_url,
             "--progress", "none", "--json", "--max-failure-rate", "0.01",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         by_glob = await _finish(glob)
@@ -256,7 +256,7 @@ async def test_a_bad_s3_location_is_one_clear_line(
     with fs.open_output_stream("data/in/x.csv") as f:
         f.write(b"a,b\n")
     proc = await asyncio.create_subprocess_exec(
-        *BULK_COMMAND, "run", "--model", "demo-mlp", "--input", input, "--output",
+        *BULK_COMMAND, "run", "--model", "demo-mlp", "--input", input, "--out",
         "s3://data/out", "--broker", "redis://127.0.0.1:1/0", env=moto_s3.env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 60)

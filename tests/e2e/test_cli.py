@@ -45,7 +45,7 @@ async def test_submit_wait_and_result_from_the_shell(redis_url: str) -> None:
         assert code == 4 and "unknown request" in err
         code, _, err = await _cli("submit", "-m", "nope", "--broker", redis_url,
                                   "--inputs", "[1.0]")
-        assert code == 1 and "no worker serves model 'nope'" in err
+        assert code == 2 and "no worker serves model 'nope'" in err  # refused: nothing sent
 
 
 async def test_worker_print_config_redacts_secrets_and_resolves_per_model_values() -> None:

@@ -128,7 +128,7 @@ async def test_bulk_run_and_status_on_a_cluster(cluster_fleet: Fleet, tmp_path: 
     out_path = tmp_path / "out.jsonl"
     async with cluster_fleet.worker(webhooks=False, max_batch_size=64):
         code, out, err = await run_cli("bulk", "run", "-m", "demo-mlp",
-                                    "-i", str(tmp_path / "in.jsonl"), "-o", str(out_path),
+                                    "-i", str(tmp_path / "in.jsonl"), "--out", str(out_path),
                                     "--job-id", job, *_at(cluster_fleet), "--json")
     assert code == 0, err
     report = json.loads(out)

@@ -37,7 +37,7 @@ def _at(redis_url: str) -> tuple[str, ...]:
 
 async def test_declared_model_takes_submits_before_any_worker(redis_url: str) -> None:
     code, out, err = await run_cli("models", "declare", "fraud", "--input", "float32[10]",
-                                "--output", "float32[1]", *_at(redis_url))
+                                "--output-spec", "float32[1]", *_at(redis_url))
     assert code == 0 and "declared fraud (float32[10])" in out, err
     async with AsyncClient(redis_url, namespace=NS) as client:
         sdk_id = await client.submit("fraud", ROW)
@@ -70,7 +70,7 @@ async def test_a_declared_spec_refuses_a_wrong_shape_at_submit(redis_url: str) -
             await client.submit_many("fraud", [[1] * 10])
     code, _, err = await run_cli("submit", "-m", "fraud", "--inputs", json.dumps([0.5] * 3),
                               *_at(redis_url))
-    assert code == 1 and "wrong shape: expected float32[10]" in err
+    assert code == 2 and "wrong shape: expected float32[10]" in err
     with live_gateway(gateway_settings(redis_url, namespace=NS)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             refused = await http.post("/v1/models/fraud/requests", json={"inputs": [0.5] * 11},
@@ -126,7 +126,7 @@ async def test_unknown_model_advice_fits_each_interface(redis_url: str) -> None:
     assert "batchfleet models declare nope --input" in str(sdk.value)
     code, _, err = await run_cli("submit", "-m", "nope", "--inputs", json.dumps(ROW),
                               *_at(redis_url))
-    assert code == 1 and "batchfleet models declare nope --input" in err
+    assert code == 2 and "batchfleet models declare nope --input" in err
     assert "check_model" not in err
     with live_gateway(gateway_settings(redis_url, namespace=NS)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:

@@ -299,7 +299,7 @@ async def test_a_batch_dropped_whole_does_not_take_a_half_open_breakers_probe(
 async def test_lane_purge_of_an_unknown_model_is_refused_not_reported_empty(
         redis_url: str) -> None:
     code, out, err = await _cli("lane", "purge", "no-such-model", "--yes", "--broker", redis_url)
-    assert code == 1 and out == "", (out, err)
+    assert code == 2 and out == "", (out, err)  # refused, nothing purged (README exit codes)
     assert err.strip().splitlines() == [
         "error: no worker serves model 'no-such-model' (known models: none yet) and it is not "
         "declared; declare it with `batchfleet models declare no-such-model --input "

@@ -154,7 +154,7 @@ def test_bad_values_fail_in_one_line_naming_the_flag() -> None:
 
 def test_the_readme_table_is_generated_from_the_fields() -> None:
     readme = README.read_text()
-    assert config_table() in readme, "README is stale: run python -m batchfleet.cli_worker"
+    assert config_table() in readme, "README is stale: run make readme-table"
     assert with_table(readme) == readme
     for option in OPTIONS:
         assert f"`{option.env}`" in readme and f"`{option.flag}`" in readme

@@ -1,24 +1,102 @@
+"""The one URL parser (``connectors.urls``): every malformed spelling is refused whole, as a
+typed ``URLError``, before anything dials; the schemes come from the backend tables."""
+
 from __future__ import annotations
 
 import pytest
 
-from batchfleet.connectors.urls import BrokerURL, results_url_for
-from batchfleet.schemas.errors import ConfigError
+from batchfleet.connectors import control_plane
+from batchfleet.connectors.urls import BROKERS, BrokerURL, parse_url, results_url_for
+from batchfleet.producers import Client
+from batchfleet.schemas.errors import ConfigError, URLError
 
 pytestmark = pytest.mark.unit
 
+#: Every way a URL has been got wrong, with the word the one-line refusal must carry.
+MALFORMED = {
+    "redis:/127.0.0.1:16379/0": "not scheme://",  # one slash: once localhost:6379
+    "redis//127.0.0.1:6379/0": "not scheme://",
+    "127.0.0.1:6379": "not scheme://",
+    "redis://": "no host",
+    "redis:///0": "no host",
+    "redis://:pw@/0": "no host",
+    "redis://h:notaport/0": "not host:port",
+    "redis://h:0/0": "port '0'",
+    "redis://h:70000/0": "port '70000'",
+    "redis://h:/0": "port ''",
+    "redis://h:6379/x": "database 'x'",
+    "redis://h:6379/0/1": "not /DB",
+    "redis://a:1,b:2/0": "takes one host",
+    "http://h:6379/0": "unknown scheme 'http'",
+    "memory://": "unknown scheme 'memory'",
+    "redis+cluster://": "no host list",
+    "redis+cluster://,": "no host",
+    "redis+cluster://a:1,,b:2": "no host",
+    "redis+cluster://a:1,b": "has no port",
+    "redis+cluster://a:1/3": "only database 0",
+    "kafka://": "no host list",
+    "kafka://nohostport": "has no port",
+    "kafka://a:1,": "no host",
+    "kafka://a:1/topic": "no path",
+    "unix://": "socket path",
+}
+GOOD = ("redis://localhost:6379/0", "redis://h/3", "redis://h", "rediss://u:p@h:6380/1",
+        "redis://[::1]:6379/0", "redis://h:6379/0?socket_timeout=3", "unix:///tmp/r.sock",
+        "redis+cluster://a:7000,b:7001", "redis+cluster://:pw@a:7000/0", "kafka://k:9092",
+        "kafka://a:9092,b:9093/")
 
-def test_broker_urls() -> None:
-    assert BrokerURL.parse("redis://h:1/0").kind == "redis"
-    kafka = BrokerURL.parse("kafka://a:9092,b:9093")
-    assert kafka.kind == "kafka" and kafka.kafka_bootstrap == "a:9092,b:9093"
-    for bad in ("http://x", "kafka://", "kafka://nohostport", "localhost:6379"):
-        with pytest.raises(ConfigError):
-            BrokerURL.parse(bad)
+
+@pytest.mark.parametrize(("url", "why"), MALFORMED.items())
+def test_every_malformed_broker_url_is_refused_in_one_line(url: str, why: str) -> None:
+    with pytest.raises(URLError) as refused:
+        BrokerURL.parse(url)
+    message = str(refused.value)
+    assert why in message and "\n" not in message, message
+    assert refused.value.url == url and isinstance(refused.value, ConfigError)
 
 
-def test_results_default_to_a_redis_broker_and_are_required_for_kafka() -> None:
-    assert results_url_for(BrokerURL.parse("redis://h:1/0"), None) == "redis://h:1/0"
+@pytest.mark.parametrize("url", GOOD)
+def test_well_formed_urls_are_accepted(url: str) -> None:
+    assert BrokerURL.parse(url).url == url
+
+
+def test_results_urls_are_parsed_as_strictly_and_a_kafka_one_is_no_store() -> None:
+    redis = BrokerURL.parse("redis://h:1/0")
+    for bad in ("redis:/h:1/0", "redis://h:x/0", "kafka://h:1", "redis://h:1/y"):
+        with pytest.raises(URLError):
+            results_url_for(redis, bad)
+    assert results_url_for(redis, None) == "redis://h:1/0"
     with pytest.raises(ConfigError, match="needs a result store"):
         results_url_for(BrokerURL.parse("kafka://h:1"), None)
     assert results_url_for(BrokerURL.parse("kafka://h:1"), "redis://r:2/1") == "redis://r:2/1"
+    with pytest.raises(ConfigError, match="both be Redis Cluster"):
+        results_url_for(redis, "redis+cluster://a:1")
+
+
+def test_the_schemes_come_from_the_backend_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store registered in the control-plane table is accepted with no change here;
+    broker schemes are the broker table's."""
+    with pytest.raises(URLError, match="unknown scheme 'memory'"):
+        results_url_for(BrokerURL.parse("kafka://k:1"), "memory://")
+    monkeypatch.setitem(control_plane.FACTORIES, "memory", control_plane.FACTORIES["redis"])
+    assert results_url_for(BrokerURL.parse("kafka://k:1"), "memory://x") == "memory://x"
+    with pytest.raises(URLError, match="nothing after the scheme"):
+        results_url_for(BrokerURL.parse("kafka://k:1"), "memory://")
+    assert set(BROKERS) >= {"redis", "kafka", "redis+cluster"}
+    with pytest.raises(URLError, match="schemes are kafka, redis"):
+        parse_url("x://h", BROKERS)
+
+
+def test_a_password_never_shows_in_the_refusal() -> None:
+    with pytest.raises(URLError) as refused:
+        BrokerURL.parse("redis://user:s3cret@h:bad/0")
+    assert "s3cret" not in str(refused.value) and "user:***@" in str(refused.value)
+
+
+@pytest.mark.parametrize("url", ["redis:/127.0.0.1:6379/0", "redis://h:x/0", "kafka://"])
+def test_the_sdk_refuses_a_malformed_url_with_a_typed_error(url: str) -> None:
+    """``Client(...)`` raises ``URLError`` (a ``ConfigError``) before any connection."""
+    with pytest.raises(URLError):
+        Client(url)
+    with pytest.raises(URLError):
+        Client("redis://127.0.0.1:1/0", results=url)
