@@ -18,11 +18,17 @@ Why it looks the way it does:
 * Pausing is per model (its breaker opened): only that model's partitions are
   paused. While every one is paused, ``fetch`` keeps polling all the same: a member
   that stops polling for ``max_poll_interval_ms`` (5 min) is dropped from the group.
+* Lost logs (``connectors.kafka_loss``): a partition whose log went back (a broker
+  restarted empty, a truncation, a recreated topic) starts a new epoch, part of each
+  delivery token, so old acks never commit into the new log; its lane's loss is noted
+  in :attr:`KafkaConsumer.lane_losses` for the heartbeat to record, as on Redis, and a
+  topic gone from the broker is created again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,11 +43,14 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog
+from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import LANE_INTERACTIVE, LANES, Names
 
 log = structlog.get_logger("batchfleet.kafka")
+#: How often the consumer asks the broker whether its topics still exist.
+TOPIC_CHECK_S = 5.0
 
 
 @dataclass(slots=True)
@@ -113,6 +122,11 @@ class KafkaConsumer:
         #: Models whose partitions are paused, now and after any rebalance.
         self._paused: set[str] = set()
         self._commit_lock = asyncio.Lock()
+        self._watch = LossWatch(self._group)
+        #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
+        self.lane_losses = self._watch.lane_losses
+        self._seen_topics: set[str] = set()
+        self._next_topic_check = 0.0
 
     async def start(self, models: Sequence[str]) -> None:
         """Create every lane's topic, join the group and return once partitions are assigned."""
@@ -155,7 +169,46 @@ class KafkaConsumer:
             wait_s = 0.0 if out else timeout_s
             out.extend(self._deliveries(await self._getmany((), max_count - len(out), wait_s)))
             out.sort(key=lambda d: LANES.index(d.lane))
+        self._check_ends()
+        if time.monotonic() >= self._next_topic_check:
+            await self._check_topics()
         return out
+
+    def _check_ends(self) -> None:
+        """A log end (the last fetch's highwater) below an offset already fetched: lost."""
+        consumer = self._require()
+        lost = [tp for tp in consumer.assignment()
+                if self._watch.end_went_back(tp, consumer.highwater(tp))]
+        for tp in lost:
+            self._watch.lost(tp, self._topics[tp.topic])
+            self._parts[tp] = _Partition()
+        if lost:
+            self._watch.warn((":".join(self._topics[tp.topic]) for tp in lost),
+                             "log end went back")
+
+    async def _check_topics(self) -> None:
+        """Create again any topic of ours the broker no longer has (and count it lost)."""
+        self._next_topic_check = time.monotonic() + TOPIC_CHECK_S
+        try:
+            present = set(await self._require().topics()) & set(self._topics)
+        except KafkaError as exc:
+            log.info("kafka_topic_check_failed", error=str(exc))
+            return
+        gone = self._seen_topics - present
+        self._seen_topics |= present
+        if not gone:
+            return
+        try:
+            await ensure_topics(self._bootstrap, gone, *self._topic_spec)
+        except TransportError as exc:
+            log.warning("kafka_topic_recreate_failed", topics=sorted(gone), error=str(exc))
+            return  # tried again at the next check
+        self._seen_topics -= gone
+        lanes = [self._topics[t] for t in gone]
+        self._watch.topic_lost((tp for tp in self._watch.known() if tp.topic in gone), lanes)
+        for tp in [tp for tp in self._parts if tp.topic in gone]:
+            self._parts[tp] = _Partition()
+        self._watch.warn((":".join(lane) for lane in lanes), "topic gone; created again")
 
     async def _getmany(
         self, tps: Sequence[TopicPartition], max_records: int, wait_s: float
@@ -172,18 +225,29 @@ class KafkaConsumer:
         return result
 
     def _deliveries(self, batches: dict[TopicPartition, list[Any]]) -> list[Delivery]:
+        """Track what was handed out; tokens are ``(partition, offset, epoch)``."""
         out: list[Delivery] = []
+        lost: list[str] = []
         for tp, records in batches.items():
             if not records:
                 continue
             model, lane = self._topics[tp.topic]
             part = self._parts.setdefault(tp, _Partition())
+            if self._watch.fetched(tp, records, first_in_assignment=part.committed is None,
+                                   next_offset=part.next_offset):
+                self._watch.lost(tp, (model, lane), records)
+                part = self._parts[tp] = _Partition()
+                lost.append(f"{model}:{lane}")
             if part.committed is None:
                 part.committed = records[0].offset  # where the group's offset already is
+            epoch = self._watch.epoch(tp)
             for rec in records:
                 part.in_flight.add(rec.offset)
-                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset)))
+                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset, epoch)))
             part.next_offset = records[-1].offset + 1
+            self._watch.note_fetched(tp, part.next_offset)
+        if lost:
+            self._watch.warn(lost, "fetch position went back")
         return out
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -193,9 +257,9 @@ class KafkaConsumer:
         """
         touched: set[TopicPartition] = set()
         for d in deliveries:
-            tp, offset = d.token
+            tp, offset, epoch = d.token
             part = self._parts.get(tp)
-            if part is not None:
+            if part is not None and epoch == self._watch.epoch(tp):  # not from a lost log
                 part.in_flight.discard(offset)
                 touched.add(tp)
         if touched:
@@ -216,6 +280,7 @@ class KafkaConsumer:
             if not targets:
                 return
             offsets = {tp: OffsetAndMetadata(off, "") for tp, off in targets.items()}
+            epochs = {tp: self._watch.epoch(tp) for tp in targets}
             try:
                 await asyncio.wait_for(consumer.commit(offsets), self._commit_timeout_s)
             except (CommitFailedError, IllegalStateError) as exc:
@@ -230,7 +295,9 @@ class KafkaConsumer:
             except KafkaError as exc:
                 raise TransportError(f"Kafka offset commit failed: {exc!r}") from exc
             for tp, off in targets.items():
-                if (part := self._parts.get(tp)) is not None:
+                self._watch.note_committed(tp, off, epochs[tp])
+                part = self._parts.get(tp)
+                if part is not None and epochs[tp] == self._watch.epoch(tp):
                     part.committed = off
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
