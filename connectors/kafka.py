@@ -189,18 +189,19 @@ class KafkaConsumer:
     async def _check_topics(self) -> None:
         """Create again any topic of ours the broker no longer has (and count it lost)."""
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_S
-        try:
-            present = set(await self._require().topics()) & set(self._topics)
-        except KafkaError as exc:
-            log.info("kafka_topic_check_failed", error=str(exc))
+        try:  # bounded: a fetch must return within its timeout however the broker is
+            present = set(await asyncio.wait_for(self._require().topics(), 2.0)) & set(
+                self._topics)
+        except (KafkaError, TimeoutError) as exc:
+            log.info("kafka_topic_check_failed", error=repr(exc))
             return
         gone = self._seen_topics - present
         self._seen_topics |= present
         if not gone:
             return
         try:
-            await ensure_topics(self._bootstrap, gone, *self._topic_spec)
-        except TransportError as exc:
+            await asyncio.wait_for(ensure_topics(self._bootstrap, gone, *self._topic_spec), 5.0)
+        except (TransportError, TimeoutError) as exc:
             log.warning("kafka_topic_recreate_failed", topics=sorted(gone), error=str(exc))
             return  # tried again at the next check
         self._seen_topics -= gone
