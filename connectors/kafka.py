@@ -126,6 +126,7 @@ class KafkaConsumer:
         #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
         self.lane_losses = self._watch.lane_losses
         self._seen_topics: set[str] = set()
+        self._owned: set[TopicPartition] = set()  # the last assignment
         self._next_topic_check = 0.0
 
     async def start(self, models: Sequence[str]) -> None:
@@ -169,22 +170,33 @@ class KafkaConsumer:
             wait_s = 0.0 if out else timeout_s
             out.extend(self._deliveries(await self._getmany((), max_count - len(out), wait_s)))
             out.sort(key=lambda d: LANES.index(d.lane))
-        self._check_ends()
+        await self._check_ends()
         if time.monotonic() >= self._next_topic_check:
             await self._check_topics()
         return out
 
-    def _check_ends(self) -> None:
+    async def _check_ends(self) -> None:
         """A log end (the last fetch's highwater) below an offset already fetched: lost."""
         consumer = self._require()
+        self._watch.date_the_rest()
         lost = [tp for tp in consumer.assignment()
                 if self._watch.end_went_back(tp, consumer.highwater(tp))]
         for tp in lost:
-            self._watch.lost(tp, self._topics[tp.topic])
+            self._watch.lost(tp, self._topics[tp.topic], None)
             self._parts[tp] = _Partition()
         if lost:
             self._watch.warn((":".join(self._topics[tp.topic]) for tp in lost),
                              "log end went back")
+            await self._restart_from_beginning(lost)
+
+    async def _restart_from_beginning(self, tps: Sequence[TopicPartition]) -> None:
+        """Read a lost partition's new log from its start: a position past the end need not
+        be refused (Tansu answers nothing), and what the new log holds arrived after the loss.
+        """
+        try:
+            await asyncio.wait_for(self._require().seek_to_beginning(*tps), 5.0)
+        except (KafkaError, TimeoutError) as exc:  # a rebalance took them: the new owner reads
+            log.info("kafka_seek_after_loss_failed", error=repr(exc))
 
     async def _check_topics(self) -> None:
         """Create again any topic of ours the broker no longer has (and count it lost)."""
@@ -207,8 +219,10 @@ class KafkaConsumer:
         self._seen_topics -= gone
         lanes = [self._topics[t] for t in gone]
         self._watch.topic_lost((tp for tp in self._watch.known() if tp.topic in gone), lanes)
-        for tp in [tp for tp in self._parts if tp.topic in gone]:
+        for tp in (mine := [tp for tp in self._parts if tp.topic in gone]):
             self._parts[tp] = _Partition()
+        if mine:
+            await self._restart_from_beginning(mine)
         self._watch.warn((":".join(lane) for lane in lanes), "topic gone; created again")
 
     async def _getmany(
@@ -241,6 +255,7 @@ class KafkaConsumer:
                 lost.append(f"{model}:{lane}")
             if part.committed is None:
                 part.committed = records[0].offset  # where the group's offset already is
+                self._watch.dated(tp, records)
             epoch = self._watch.epoch(tp)
             for rec in records:
                 part.in_flight.add(rec.offset)
@@ -313,6 +328,9 @@ class KafkaConsumer:
             self._interactive = []
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # What was seen of a partition someone else owned since is stale: forget it.
+        self._watch.forget(assigned - self._owned)
+        self._owned = set(assigned)
         self._parts = {tp: _Partition() for tp in assigned}
         self._interactive = sorted(
             (tp for tp in assigned if self._topics.get(tp.topic, ("", ""))[1] == LANE_INTERACTIVE),

@@ -5,9 +5,9 @@ committed offset only moves forward. Both break when the log is lost: a broker
 restarted empty (Tansu's memory storage, a single-replica broker that lost its
 disk), an unclean leader election truncating the log, a topic deleted and
 recreated. Requests queued there are gone, and their waiters would hang, so per
-partition this process remembers (across rebalances) one past the highest
-offset it fetched and the highest offset it committed, and calls the log lost
-when:
+partition this process remembers one past the highest offset it fetched and the
+highest offset it committed (kept while it keeps the partition across a rebalance,
+forgotten once another member had it), and calls the log lost when:
 
 * a fetch response's highwater is below an offset this process fetched;
 * a fetch hands back an offset below one already fetched in the same assignment
@@ -41,6 +41,8 @@ log = structlog.get_logger("batchfleet.kafka")
 #: A record whose broker timestamp is within this of its ``enqueued_at`` was published
 #: at submit (a retry republished later keeps its old ``enqueued_at`` and must not count).
 LOSS_MARGIN_MS = 1000
+#: How long a loss seen without records waits for the new log's first records to date it.
+UNDATED_WAIT_S = 1.0
 #: A lane's loss is logged once in this long, however many partitions notice it.
 _WARN_EVERY_S = 60.0
 
@@ -73,6 +75,8 @@ class LossWatch:
         self._committed: dict[TopicPartition, int] = {}  # highest committed by this process
         self._epochs: dict[TopicPartition, int] = {}
         self._warned: dict[str, float] = {}
+        #: Losses seen without records: (lane, epoch ms seen, monotonic deadline to date it).
+        self._undated: dict[TopicPartition, tuple[tuple[str, str], int, float]] = {}
         #: ``{model}:{lane}`` -> epoch ms of losses not yet recorded in the store (the
         #: worker's heartbeat drains it, as for Redis Streams).
         self.lane_losses: dict[str, int] = {}
@@ -102,18 +106,42 @@ class LossWatch:
     def end_went_back(self, tp: TopicPartition, highwater: int | None) -> bool:
         return highwater is not None and highwater < self._fetched.get(tp, 0)
 
-    def lost(self, tp: TopicPartition, lane: tuple[str, str], records: Sequence[Any] = ()
+    def lost(self, tp: TopicPartition, lane: tuple[str, str], records: Sequence[Any] | None
              ) -> None:
-        """Forget what was seen of ``tp``'s log, start a new epoch and note the lane's loss."""
+        """Forget what was seen of ``tp``'s log, start a new epoch and note the lane's loss.
+
+        ``records``: the fetch that showed the loss, whose first records date it; None
+        when no records came with it (the log end went back): the moment waits for the
+        new log's first records (the caller reads it from its start), see :meth:`dated`.
+        """
         self._fetched.pop(tp, None)
         self._committed.pop(tp, None)
         self._epochs[tp] = self.epoch(tp) + 1
         self.losses += 1
+        now_ms = int(time.time() * 1000)
+        if records is None:
+            self._undated[tp] = (lane, now_ms, time.monotonic() + UNDATED_WAIT_S)
+        else:
+            self._note(tp, lane, loss_moment(records, now_ms))
+
+    def dated(self, tp: TopicPartition, records: Sequence[Any]) -> None:
+        """The first records fetched since an undated loss of ``tp`` date it."""
+        if (undated := self._undated.pop(tp, None)) is not None:
+            lane, now_ms, _ = undated
+            self._note(tp, lane, loss_moment(records, now_ms))
+
+    def date_the_rest(self) -> None:
+        """Undated losses whose new log stayed empty: dated when they were seen."""
+        now = time.monotonic()
+        for tp in [tp for tp, (_, _, by) in self._undated.items() if now >= by]:
+            lane, now_ms, _ = self._undated.pop(tp)
+            self._note(tp, lane, now_ms)
+
+    def _note(self, tp: TopicPartition, lane: tuple[str, str], moment: int) -> None:
         key = lane_loss_field(*lane)
-        moment = loss_moment(records, int(time.time() * 1000))
         self.lane_losses[key] = max(moment, self.lane_losses.get(key, 0))
         log.info("kafka_partition_log_lost", topic=tp.topic, partition=tp.partition,
-                 lost_before_ms=moment, epoch=self._epochs[tp])
+                 lost_before_ms=moment, epoch=self.epoch(tp))
 
     def topic_lost(self, tps: Iterable[TopicPartition], lanes: Iterable[tuple[str, str]]) -> None:
         """A topic vanished: every partition of it this process saw starts a new epoch."""
@@ -128,6 +156,12 @@ class LossWatch:
             self.losses += 1
             key = lane_loss_field(*lane)
             self.lane_losses[key] = max(now_ms, self.lane_losses.get(key, 0))
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions others owned since this process saw them: what it saw is stale."""
+        for tp in tps:
+            self._fetched.pop(tp, None)
+            self._committed.pop(tp, None)
 
     def known(self) -> list[TopicPartition]:
         return list(self._fetched)

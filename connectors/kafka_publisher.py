@@ -8,8 +8,8 @@ No idempotent producer or transactions (Tansu, the development broker, refuses
 ``InitProducerId``); ``acks="all"`` makes an acknowledged publish durable.
 
 A broker restart (or a lost topic) must not need a producer restart: messages the
-broker refused are sent again, up to ``PUBLISH_ATTEMPTS`` times, after the topics are
-created again (one that exists is fine); from the second try each goes to another
+broker refused are sent again, up to ``PUBLISH_ATTEMPTS`` times, after their topics are
+created again where the broker said it does not know them; from the second try each goes to another
 partition of its topic, so one partition without a leader (or one a broker cannot
 write) does not fail the publish. Nothing relies on a request's partition: the key
 only spreads load. A repeat that had in fact landed is a duplicate message, which the
@@ -28,8 +28,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 
@@ -123,12 +125,15 @@ class KafkaPublisher:
                         attempt=attempt + 1, error=str(errors[0]))
             await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
             todo = [item for item, _ in refused]
-            self._known_topics.clear()  # the broker may have lost them: create them again
-            try:
-                await self._prepare(t for t, _ in todo)
-            except TransportError as exc:
-                errors = [exc]
-                break
+            if missing := {item[0] for item, exc in refused if _topic_missing(exc)}:
+                # The broker lost them: create them again. Only then: on Tansu, creating
+                # a topic a stray produce had recreated resets its log.
+                self._known_topics -= missing
+                try:
+                    await self._prepare(missing)
+                except TransportError as exc:
+                    errors = [exc]
+                    break
         if refused:
             raise TransportError(
                 f"Kafka did not accept {len(refused)} of {len(messages)} messages: {errors[0]}"
@@ -161,3 +166,8 @@ class KafkaPublisher:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()  # flushes what is still lingering
+
+
+def _topic_missing(exc: BaseException) -> bool:
+    """The broker does not know the topic (or gave no metadata for it in time)."""
+    return isinstance(exc, UnknownTopicOrPartitionError | KafkaTimeoutError)
