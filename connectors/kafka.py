@@ -127,6 +127,7 @@ class KafkaConsumer:
         self.lane_losses = self._watch.lane_losses
         self._seen_topics: set[str] = set()
         self._owned: set[TopicPartition] = set()  # the last assignment
+        self._unchecked: set[TopicPartition] = set()
         self._next_topic_check = 0.0
 
     async def start(self, models: Sequence[str]) -> None:
@@ -176,11 +177,19 @@ class KafkaConsumer:
         return out
 
     async def _check_ends(self) -> None:
-        """A log end (the last fetch's highwater) below an offset already fetched: lost."""
+        """Lost: a log end (the last fetch's highwater) below an offset already fetched, or
+        a newly assigned partition whose committed offset is past its log end."""
         consumer = self._require()
         self._watch.date_the_rest()
         lost = [tp for tp in consumer.assignment()
                 if self._watch.end_went_back(tp, consumer.highwater(tp))]
+        for tp in [tp for tp in self._unchecked if consumer.highwater(tp) is not None]:
+            self._unchecked.discard(tp)
+            try:
+                if await consumer.position(tp) > consumer.highwater(tp):
+                    lost.append(tp)
+            except IllegalStateError:
+                pass  # no longer ours
         for tp in lost:
             self._watch.lost(tp, self._topics[tp.topic], None)
             self._parts[tp] = _Partition()
@@ -331,6 +340,8 @@ class KafkaConsumer:
         # What was seen of a partition someone else owned since is stale: forget it.
         self._watch.forget(assigned - self._owned)
         self._owned = set(assigned)
+        #: Positions not yet compared with the log end (once per assignment).
+        self._unchecked = set(assigned)
         self._parts = {tp: _Partition() for tp in assigned}
         self._interactive = sorted(
             (tp for tp in assigned if self._topics.get(tp.topic, ("", ""))[1] == LANE_INTERACTIVE),

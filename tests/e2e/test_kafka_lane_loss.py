@@ -92,10 +92,6 @@ async def test_tansu_restarted_empty_under_load_waits_end_and_new_submits_work(
                 done_fresh, lost_fresh = await _outcome(fresh_client, fresh)
             assert survivor.alive, survivor.log_tail()
         finally:
-            import shutil
-            shutil.copy(survivor.log_path, "/tmp/kafka_wt/surv.log")
-            shutil.copy(victim.log_path, "/tmp/kafka_wt/vict.log")
-            print("FRESH AT", time.time())
             victim.kill()
             survivor.terminate()
     assert len(done_before) + len(lost_before) == len(before)
