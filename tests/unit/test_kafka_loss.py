@@ -52,3 +52,23 @@ def test_the_loss_moment_is_the_new_logs_first_fresh_request_else_now() -> None:
     assert loss_moment(retried, now_ms=9_000) == 5_000
     assert loss_moment([_rec(7, 5_000, 5.0)], now_ms=9_000) == 9_000  # mid-log: now
     assert loss_moment([], now_ms=9_000) == 9_000
+
+
+def test_a_loss_seen_without_records_is_dated_by_the_new_logs_first_records() -> None:
+    watch = LossWatch("g")
+    watch.note_fetched(TP, 300)
+    watch.lost(TP, ("m", "bulk"), None)  # the log end went back: nothing fetched yet
+    assert watch.lane_losses == {} and watch.epoch(TP) == 1
+    watch.dated(TP, [_rec(0, 5_000, 5.0)])  # published after the loss: not reported lost
+    assert watch.lane_losses == {"m:bulk": 5_000}
+    watch.dated(TP, [_rec(0, 9_000, 9.0)])  # dated once
+    assert watch.lane_losses == {"m:bulk": 5_000}
+
+
+def test_what_was_seen_of_a_partition_another_member_owned_since_is_forgotten() -> None:
+    watch = LossWatch("g")
+    watch.note_fetched(TP, 300)
+    watch.note_committed(TP, 300, 0)
+    watch.forget([TP])
+    assert not watch.end_went_back(TP, 10)
+    assert not watch.fetched(TP, [_rec(10, 0)], first_in_assignment=True, next_offset=None)
