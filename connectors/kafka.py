@@ -126,6 +126,7 @@ class KafkaConsumer:
         #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
         self.lane_losses = self._watch.lane_losses
         self._seen_topics: set[str] = set()
+        self._missing: set[str] = set()  # seen once, missing at the last topic check
         self._owned: set[TopicPartition] = set()  # the last assignment
         self._unchecked: set[TopicPartition] = set()
         self._next_topic_check = 0.0
@@ -208,7 +209,10 @@ class KafkaConsumer:
             log.info("kafka_seek_after_loss_failed", error=repr(exc))
 
     async def _check_topics(self) -> None:
-        """Create again any topic of ours the broker no longer has (and count it lost)."""
+        """Create again any topic of ours the broker has not had at two checks in a row (and
+        count it lost). Not at the first: a broker that lost its data may still serve a
+        topic a stray produce recreated and list it a moment later (Tansu does), and
+        creating it then would reset its log."""
         self._next_topic_check = time.monotonic() + TOPIC_CHECK_S
         try:  # bounded: a fetch must return within its timeout however the broker is
             present = set(await asyncio.wait_for(self._require().topics(), 2.0)) & set(
@@ -216,7 +220,8 @@ class KafkaConsumer:
         except (KafkaError, TimeoutError) as exc:
             log.info("kafka_topic_check_failed", error=repr(exc))
             return
-        gone = self._seen_topics - present
+        missing = self._seen_topics - present
+        gone, self._missing = missing & self._missing, missing
         self._seen_topics |= present
         if not gone:
             return
