@@ -6,17 +6,34 @@ Sends linger a couple of milliseconds so a batch becomes a few record batches,
 then all their futures are awaited together: never one ``send_and_wait`` each.
 No idempotent producer or transactions (Tansu, the development broker, refuses
 ``InitProducerId``); ``acks="all"`` makes an acknowledged publish durable.
+
+A broker restart (or a lost topic) must not need a producer restart: messages the
+broker refused are sent again, up to ``PUBLISH_ATTEMPTS`` times, after their topics are
+created again where the broker said it does not know them; from the second try each goes to another
+partition of its topic, so one partition without a leader (or one a broker cannot
+write) does not fail the publish. Nothing relies on a request's partition: the key
+only spreads load. A repeat that had in fact landed is a duplicate message, which the
+result store absorbs (first terminal result wins).
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
 
 from batchfleet.connectors.broker import OutboundMessage
 from batchfleet.connectors.tracing import carrier_headers
@@ -26,6 +43,11 @@ from batchfleet.schemas.names import Names
 #: Room for the worker's 16 MiB message limit plus headers. The broker's
 #: ``message.max.bytes`` (1 MB by default) must be raised to match for big tensors.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024 + 64 * 1024
+#: Sends of one publish before its refused messages fail it; the pauses between them.
+PUBLISH_ATTEMPTS = 4
+RETRY_PAUSE_S = (0.2, 0.5, 1.0)
+
+log = structlog.get_logger("batchfleet.kafka")
 
 
 async def ensure_topics(
@@ -90,24 +112,62 @@ class KafkaPublisher:
     async def publish(self, messages: Sequence[OutboundMessage]) -> None:
         if not messages:
             return
-        topics = [self._names.topic(m.model, m.lane) for m in messages]
-        if self._producer is None or not self._known_topics.issuperset(topics):
-            await self._prepare(topics)
-        try:
-            futures = [
-                await self._producer.send(topic, value=m.payload, key=m.key.encode(),
-                                          headers=carrier_headers(m.traceparent))
-                for topic, m in zip(topics, messages, strict=True)
-            ]
-        except KafkaError as exc:
-            raise TransportError(f"Kafka send failed: {exc}") from exc
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        if failed := [r for r in results if isinstance(r, BaseException)]:
+        todo = [(self._names.topic(m.model, m.lane), m) for m in messages]
+        if self._producer is None or not self._known_topics.issuperset(t for t, _ in todo):
+            await self._prepare(t for t, _ in todo)
+        for attempt in range(PUBLISH_ATTEMPTS):
+            refused = await self._send(todo, attempt)
+            errors = [exc for _, exc in refused]
+            if not refused or attempt == PUBLISH_ATTEMPTS - 1 or all(
+                    isinstance(exc, MessageSizeTooLargeError) for exc in errors):
+                break
+            log.warning("kafka_publish_retry", refused=len(refused), of=len(messages),
+                        attempt=attempt + 1, error=str(errors[0]))
+            await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
+            todo = [item for item, _ in refused]
+            if missing := {item[0] for item, exc in refused if _topic_missing(exc)}:
+                # The broker lost them: create them again. Only then: on Tansu, creating
+                # a topic a stray produce had recreated resets its log.
+                self._known_topics -= missing
+                try:
+                    await self._prepare(missing)
+                except TransportError as exc:
+                    errors = [exc]
+                    break
+        if refused:
             raise TransportError(
-                f"Kafka did not accept {len(failed)} of {len(messages)} messages: {failed[0]}"
-            ) from failed[0]
+                f"Kafka did not accept {len(refused)} of {len(messages)} messages: {errors[0]}"
+            ) from errors[0]
+
+    async def _send(self, todo: Sequence[tuple[str, OutboundMessage]], attempt: int
+                    ) -> list[tuple[tuple[str, OutboundMessage], BaseException]]:
+        """Send every message; returns those the broker refused, with why. From the
+        second attempt on, each goes to another partition than the key's."""
+        sent: list[Any] = []  # a future, or the error send() itself raised
+        for topic, m in todo:
+            try:
+                partition = None
+                if attempt:
+                    spread = sorted(await self._producer.partitions_for(topic))
+                    partition = spread[(zlib.crc32(m.key.encode()) + attempt) % len(spread)]
+                sent.append(await self._producer.send(
+                    topic, value=m.payload, key=m.key.encode(), partition=partition,
+                    headers=carrier_headers(m.traceparent)))
+            except KafkaError as exc:  # no metadata for the topic in time, say
+                sent.append(exc)
+        results = await asyncio.gather(
+            *(f for f in sent if not isinstance(f, KafkaError)), return_exceptions=True)
+        landed = iter(results)
+        outcome = [f if isinstance(f, KafkaError) else next(landed) for f in sent]
+        return [(item, r) for item, r in zip(todo, outcome, strict=True)
+                if isinstance(r, BaseException)]
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()  # flushes what is still lingering
+
+
+def _topic_missing(exc: BaseException) -> bool:
+    """The broker does not know the topic (or gave no metadata for it in time)."""
+    return isinstance(exc, UnknownTopicOrPartitionError | KafkaTimeoutError)

@@ -22,7 +22,7 @@ class HeartbeatLoop(Middleware):
     async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
         store = worker.store
         # Each beat also re-registers the models and records the lanes the consumer had to
-        # recreate after Redis lost its data (only the Redis Streams consumer notes those).
+        # recreate after the broker lost its data (Redis Streams and Kafka consumers note them).
         self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, worker.settings.worker_id,
                                     worker.vitals, store=store, served=worker.served,
                                     lane_losses=getattr(worker.consumer, "lane_losses", None))
