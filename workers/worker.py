@@ -28,7 +28,7 @@ from batchfleet.schemas.tensors import signature
 from batchfleet.workers import aio, intake
 from batchfleet.workers import readiness as view
 from batchfleet.workers.backoff import compute_backoff
-from batchfleet.workers.batching import MicroBatcher, gather_pause_s
+from batchfleet.workers.batching import FixedWait, MicroBatcher, gather_pause_s
 from batchfleet.workers.completion import ResultWriter
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
@@ -39,7 +39,6 @@ from batchfleet.workers.intake import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
 from batchfleet.workers.middleware.routing import lanes, model_version, registry_versions
-from batchfleet.workers.middleware.slo import close_policy
 from batchfleet.workers.models import ModelHandler, load_versions, per_model, slots, version_lane
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
@@ -79,9 +78,11 @@ class Worker(DefaultViews):
         self._failure_policy = failure_policy
         self.stopping, self._fetch_done, self._room = (asyncio.Event() for _ in range(3))
         self._limits = Limits(max_message_bytes=s.max_message_bytes)
+        wait_s = s.max_wait_ms / 1000.0
         self.batcher: MicroBatcher[BatchKey, Job] = MicroBatcher(
-            s.max_batch_size, s.max_wait_ms / 1000.0, priority=lambda key: key.lane_rank,
-            policy=close_policy(self.hooks), enqueued_at=lambda job: job.request.enqueued_at)
+            s.max_batch_size, wait_s, priority=lambda key: key.lane_rank,
+            policy=self.hooks.close_policy() or FixedWait(wait_s),
+            enqueued_at=lambda job: job.request.enqueued_at)
         self.compute = ComputeThread(slots(self.versions), resolve_device(s.device),
                                      ComputeLimits(s.compute_timeout_s))
         self.containment = Containment(self.compute, self._note_stalls)

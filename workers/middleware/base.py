@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from batchfleet.connectors.broker import Consumer, Delivery
 from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.workers.batching import ClosePolicy
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.intake import Answer, Intake, Job
 from batchfleet.workers.runner import BatchRun
@@ -67,6 +68,11 @@ class Middleware:
 
     async def on_stop(self, worker: Worker) -> None:
         """The loops drained (or the grace period ran out); connections still open."""
+
+    def close_policy(self) -> ClosePolicy[BatchKey] | None:
+        """When the batcher closes a not-yet-full batch, if this middleware decides it
+        (the first one that does wins; none: the fixed ``max_wait_ms``)."""
+        return None
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         """Side loops to run while the worker consumes (cancelled at stop)."""
@@ -170,6 +176,10 @@ class Chain:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+    def close_policy(self) -> ClosePolicy[BatchKey] | None:
+        """The first middleware's close policy, if any decides one."""
+        return next((p for m in self.middleware if (p := m.close_policy()) is not None), None)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [task for m in self.middleware for task in m.background_tasks()]
