@@ -1,4 +1,10 @@
-"""Finishing a batch: settle its failures, write its terminal results, then ack.
+"""Finishing a batch: build its answers, settle its failures, write its terminal results,
+then ack.
+
+Every answer is built here: from a batch's outputs (:func:`answers_from_run`), for
+requests whose deadline passed while they waited (:func:`split_expired`), and for a
+request refused without compute (:func:`answer_without_compute`: intake's refusals, the
+failure policies' terminal failures, middleware that answer early).
 
 This is the one path where losing work is possible, so it is strict:
 failures go through the failure policy (retry schedule, DLQ) first, results
@@ -22,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
@@ -32,18 +38,82 @@ from batchfleet.connectors.result_store import ResultStore, TerminalWrite
 from batchfleet.schemas.envelopes import (
     MAX_EXACT_INT,
     ErrorInfo,
+    Request,
+    Result,
     lua_exact_generation,
 )
 from batchfleet.schemas.errors import ResultStoreError, TransportError
 from batchfleet.schemas.result_template import encode_results
 from batchfleet.workers.backoff import compute_backoff
-from batchfleet.workers.failures import Disposition, FailurePolicy
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.jobs import Answer, Disposition, Job
+
+if TYPE_CHECKING:
+    from batchfleet.workers.failures import FailurePolicy
+    from batchfleet.workers.runner import BatchRun
 
 log = structlog.get_logger("batchfleet.completion")
 
 A = TypeVar("A")
 R = TypeVar("R")
+
+
+EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
+
+
+def answer_without_compute(
+    delivery: Delivery, request: Request, status: str, error: ErrorInfo, now: float,
+    model_version: str = "",
+) -> Answer:
+    result = Result(
+        request_id=request.request_id, status=status,  # type: ignore[arg-type]
+        error=error, model=request.model, model_version=model_version, attempts=request.attempt,
+        enqueued_at=request.enqueued_at, finished_at=now, generation=request.generation,
+        queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
+        owner=request.owner,
+    )
+    return Answer(delivery, result, request.notify, request.generation, request.callback_url,
+                  request.notify_format)
+
+
+def answers_from_run(
+    model: str, version: str, jobs: Sequence[Job], run: BatchRun
+) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
+    """Succeeded answers for the outputs, and (job, error) pairs for the failure policy."""
+    # One object per batch-wide field: the result template recognises a batch by identity.
+    started_at, compute_ms, size = run.started_at, run.compute_s * 1000.0, len(jobs)
+    finished_at = started_at + run.compute_s
+    answers: list[Answer] = []
+    failed: list[tuple[Job, ErrorInfo]] = []
+    for job, output in zip(jobs, run.outputs, strict=True):
+        req = job.request
+        job.model_version = version
+        if isinstance(output, BaseException):
+            failed.append((job, ErrorInfo.from_exception(output)))
+            continue
+        # positional, in field order: this runs once per request
+        result = Result(
+            req.request_id, "succeeded", output, None, model, version, req.attempt,
+            req.enqueued_at, started_at, finished_at,
+            max(0.0, (started_at - req.enqueued_at) * 1000.0), compute_ms, size,
+            req.generation, {}, req.owner,
+        )
+        answers.append(Answer(job.delivery, result, req.notify, req.generation,
+                              req.callback_url, req.notify_format))
+    return answers, failed
+
+
+def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answer]]:
+    """Drop jobs whose deadline passed while they waited in the batcher: they are never run."""
+    live: list[Job] = []
+    expired: list[Answer] = []
+    for job in jobs:
+        deadline = job.request.deadline_at
+        if deadline is not None and deadline <= now:
+            expired.append(answer_without_compute(job.delivery, job.request, "expired",
+                                                  EXPIRED, now))
+        else:
+            live.append(job)
+    return live, expired
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from batchfleet.connectors.webhook_queue import RQWebhookQueue, WebhookJob
 from batchfleet.schemas.names import Names
-from batchfleet.workers.intake import Answer
+from batchfleet.workers.jobs import Answer
 
 
 def _untraced(answer: Answer) -> None:

@@ -29,13 +29,13 @@ from batchfleet.workers import aio, intake
 from batchfleet.workers import readiness as view
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.batching import FixedWait, MicroBatcher, gather_pause_s
-from batchfleet.workers.completion import ResultWriter
+from batchfleet.workers.completion import ResultWriter, answers_from_run, split_expired
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.containment import Containment
 from batchfleet.workers.device import resolve_device
 from batchfleet.workers.failures import FailurePolicy
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
 from batchfleet.workers.middleware.routing import lanes, model_version, registry_versions
@@ -281,7 +281,7 @@ class Worker(DefaultViews):
                 return  # held batches left now stay unacked: they are redelivered
             if batch is _IDLE:
                 continue
-            live, expired = intake.split_expired(batch.jobs, time.time())
+            live, expired = split_expired(batch.jobs, time.time())
             if expired:
                 await self._spawn_completion(expired)
             if not live:  # a held batch that expired meanwhile gives back what it took
@@ -322,7 +322,7 @@ class Worker(DefaultViews):
         model, label, jobs = batch.key.model, batch.key.version, batch.jobs
         await self.hooks.after_compute(batch, run)
         version = model_version(label, self.versions[model][label])
-        answers, failed = intake.answers_from_run(model, version, jobs, run)
+        answers, failed = answers_from_run(model, version, jobs, run)
         more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
         await self._spawn_completion(answers + more, [*failed, *more_failed])
 

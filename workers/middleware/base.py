@@ -19,7 +19,8 @@ from batchfleet.connectors.broker import Consumer, Delivery
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.batching import ClosePolicy
 from batchfleet.workers.completion import Completed
-from batchfleet.workers.intake import Answer, Intake, Job
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:

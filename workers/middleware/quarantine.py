@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from batchfleet.schemas.envelopes import ErrorInfo
-from batchfleet.workers.intake import Intake, Job
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.retry import CRASH_LOOP
 from batchfleet.workers.runner import BatchRun

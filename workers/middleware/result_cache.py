@@ -39,8 +39,8 @@ from batchfleet.connectors.control_plane import ResultCache
 from batchfleet.connectors.result_cache import SCOPE_OWNER, CacheEntry, cache_key
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.workers import intake
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.completion import answers_from_run
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.routing import model_version
@@ -179,7 +179,7 @@ class CachedResults(Middleware):
         lost = [twin for twin, src in plan.twins if id(src) not in row]
         twin_run = BatchRun([out for _, out in copied], run.started_at, run.compute_s,
                             run.forwards)
-        answers, failed = intake.answers_from_run(batch.key.model, plan.version,
+        answers, failed = answers_from_run(batch.key.model, plan.version,
                                                   [twin for twin, _ in copied], twin_run)
         for answer in answers:
             answer.result.batch_size = len(batch.jobs)

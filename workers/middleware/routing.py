@@ -38,7 +38,9 @@ from batchfleet.connectors.routes import RoutePlane, RouteTable, route_plane_for
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import ModelVersion, RolloutPolicy
-from batchfleet.workers.intake import Intake, Job, answer_without_compute
+from batchfleet.workers.completion import answer_without_compute
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.models import ModelHandler, version_lane
 

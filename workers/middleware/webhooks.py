@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from batchfleet.workers.intake import Answer
+from batchfleet.workers.jobs import Answer
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.webhooks import RQCallbackSink
 
