@@ -38,8 +38,16 @@ from batchfleet.workers.failures import FailurePolicy
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
-from batchfleet.workers.middleware.routing import lanes, model_version, registry_versions
-from batchfleet.workers.models import ModelHandler, load_versions, per_model, slots, version_lane
+from batchfleet.workers.models import (
+    ModelHandler,
+    lanes,
+    load_versions,
+    model_version,
+    per_model,
+    registry_versions,
+    slots,
+    version_lane,
+)
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings

@@ -43,7 +43,7 @@ from batchfleet.workers.completion import answers_from_run
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
-from batchfleet.workers.middleware.routing import model_version
+from batchfleet.workers.models.versions import model_version
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 

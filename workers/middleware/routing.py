@@ -1,14 +1,7 @@
 """Worker-side routing: which version of a model computes each request.
 
-The version-aware handlers API (what shadow and metrics build on):
-
-* ``worker.versions[model][label]`` is the handler of one version; a model's first
-  label (in ``--model`` order) is where requests go when no routing middleware runs;
-* ``worker.handlers[model]`` is that first version's handler (validation, runtime info);
-* a version computes in its slot ``version_lane(model, label)`` (``demo-mlp@v2``):
-  ``worker.compute.run(version_lane(model, label), jobs)``;
-* a result's ``model_version`` is ``label/sha256:…[/runtime-precision]``
-  (:func:`model_version`).
+The versions a worker holds, their lanes and ``model_version`` strings are the model
+layer's (``workers/models/versions.py``); this module only chooses among them.
 
 Routing is deterministic: a request goes to the canary when the hash of its
 ``routing_key`` (else its ID) falls in the policy's first ``percent`` of
@@ -26,23 +19,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from batchfleet.connectors.broker import OutboundMessage
-from batchfleet.connectors.model_registry import served_version
 from batchfleet.connectors.routes import RoutePlane, RouteTable, route_plane_for
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.schemas.registry import ModelVersion, RolloutPolicy
+from batchfleet.schemas.registry import RolloutPolicy
 from batchfleet.workers.completion import answer_without_compute
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
-from batchfleet.workers.models import ModelHandler, version_lane
+from batchfleet.workers.models import version_lane
 
 if TYPE_CHECKING:
     from batchfleet.workers.worker import Worker
@@ -68,11 +60,6 @@ def choose(policy: RolloutPolicy, key: str) -> str:
 def serving(policy: RolloutPolicy) -> frozenset[str]:
     """The versions that take routed traffic (the shadow only sees copies)."""
     return frozenset(v for v in (policy.stable, policy.canary) if v is not None)
-
-
-def model_version(label: str, handler: ModelHandler) -> str:
-    """What a result's ``model_version`` says: ``label/sha256:…[/runtime-precision]``."""
-    return f"{label}/{handler.version}"
 
 
 def unknown_version(model: str, label: str, versions: Sequence[str]) -> ErrorInfo:
@@ -237,15 +224,3 @@ class Routing(Middleware):
     def vitals(self) -> dict[str, Any]:
         return {"policy_epochs": dict(self.epochs), "policy_applied_at": dict(self.applied_at)}
 
-
-def lanes(versions: Mapping[str, Mapping[str, ModelHandler]]) -> list[str]:
-    """What a worker consumes: each model's lane, and each held version's own lane."""
-    return [*versions, *(version_lane(m, label) for m, labels in versions.items()
-                         for label in labels)]
-
-
-def registry_versions(versions: Mapping[str, Mapping[str, ModelHandler]]
-                      ) -> dict[str, list[ModelVersion]]:
-    """What the worker asserts in the model registry: each held version under its label."""
-    return {m: [served_version(h, label) for label, h in labels.items()]
-            for m, labels in versions.items()}
