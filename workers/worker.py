@@ -33,6 +33,7 @@ from batchfleet.workers.completion import ResultWriter, answers_from_run, split_
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.containment import Containment
+from batchfleet.workers.context import WorkerContext
 from batchfleet.workers.device import resolve_device
 from batchfleet.workers.failures import FailurePolicy
 from batchfleet.workers.jobs import Answer, Job
@@ -81,7 +82,8 @@ class Worker(DefaultViews):
         self.hooks = Chain(middleware if middleware is not None
                            else default_middleware(s, self.handlers))
         self.ready = asyncio.Event()
-        self.health_port: int | None = None
+        #: What middleware see of this worker (``workers.context``); made by ``async_run``.
+        self.context: WorkerContext | None = None
         self.fetch_failures = 0
         self._failure_policy = failure_policy
         self.stopping, self._fetch_done, self._room = (asyncio.Event() for _ in range(3))
@@ -134,13 +136,14 @@ class Worker(DefaultViews):
         self.writer = ResultWriter(store, self.consumer, undecodable, policy,
                                    callbacks=self.hooks, leases=self.hooks,
                                    on_store=self.hooks.on_store)
+        self.context = ctx = self._context(store)
         try:
-            await self.hooks.on_start(self)
+            await self.hooks.on_start(ctx)
             warm = await aio.unless_stopped(self.stopping, self._start_up(store))
             if warm is None:  # SIGTERM during start-up: the grace period bounds that too
                 log.info("stopped during start-up", worker=s.worker_id)
                 return
-            await self.hooks.on_ready(self, warm)
+            await self.hooks.on_ready(ctx, warm)
             log.info("worker ready", worker=s.worker_id, models=list(self.handlers),
                      device=str(self.compute.device), broker=s.broker.kind,
                      warmup_s={k: round(v, 3) for k, v in warm.items()},
@@ -148,12 +151,29 @@ class Worker(DefaultViews):
             await self._run_loops()
         finally:
             try:
-                await self.hooks.on_stop(self)
+                await self.hooks.on_stop(ctx)
             finally:
                 self.compute.shutdown()
                 for closable in (self.consumer, self.publisher, store):
                     await closable.close()
         log.info("worker stopped", worker=s.worker_id, **self.vitals())
+
+    def _context(self, store: ResultStore) -> WorkerContext:
+        return WorkerContext(
+            self.settings, self.versions, self.handlers, store, self.consumer, self.publisher,
+            self.compute, self.stopping, self._stop_with, self.in_flight,
+            lambda: len(self._completions.tasks), self.vitals, self.readiness,
+            lambda: self.containment.quarantined, self.writer, self.hooks)
+
+    @property
+    def health_port(self) -> int | None:
+        """The health endpoint's port, once bound (``--metrics-port 0`` picks a free one)."""
+        return None if self.context is None else self.context.health_port
+
+    def _stop_with(self, exit_code: int) -> None:
+        if exit_code:
+            self.exit_code = exit_code
+        self.request_stop()
 
     async def _start_up(self, store: ResultStore) -> dict[str, float]:
         """Everything that can fail at start-up, checked before "worker ready" and the first
@@ -167,6 +187,8 @@ class Worker(DefaultViews):
         registry, shards = model_registry_for(store), s.lane_shards_by_model
         self.served = ServedModels(registry, s.worker_id, self.handlers, shards)  # every beat
         self.served.versions = registry_versions(self.versions)
+        assert self.context is not None
+        self.context.served = self.served
         await self.served.assert_served()
         await shard_lanes(self.consumer, shards, registry)  # and the shards that hold work
         return per_model(warm)

@@ -6,7 +6,8 @@ webhooks, the health endpoint, heartbeat and retry pump) is a :class:`Middleware
 and completion once, never each request on its own, so a hook costs the same
 whether a batch holds one request or a thousand. Every hook is a no-op here;
 a middleware overrides only the ones it needs. :class:`Chain` runs a list of
-them in order and is what the worker (and ``ResultWriter``) call.
+them in order and is what the worker (and ``ResultWriter``) call. The lifecycle hooks
+receive a :class:`~batchfleet.workers.context.WorkerContext`, never the worker.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +62,13 @@ class Batch:
 class Middleware:
     """No-op hooks; called per fetch, batch or completion, in list order."""
 
-    async def on_start(self, worker: Worker) -> None:
-        """Connections are open, nothing fetched yet: bind to the worker."""
+    async def on_start(self, ctx: WorkerContext) -> None:
+        """Connections are open, nothing fetched yet: keep what you need of ``ctx``."""
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         """Start-up checks passed and the models are warm; the loops start next."""
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         """The loops drained (or the grace period ran out); connections still open."""
 
     def close_policy(self) -> ClosePolicy[BatchKey] | None:
@@ -159,20 +160,20 @@ class Chain:
     def find(self, kind: type[M]) -> M | None:
         return next((m for m in self.middleware if isinstance(m, kind)), None)
 
-    async def on_start(self, worker: Worker) -> None:
+    async def on_start(self, ctx: WorkerContext) -> None:
         for m in self.middleware:
-            await m.on_start(worker)
+            await m.on_start(ctx)
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         for m in self.middleware:
-            await m.on_ready(worker, warmup_s)
+            await m.on_ready(ctx, warmup_s)
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         """Every middleware's, even when one fails (the first error is raised after)."""
         errors: list[BaseException] = []
         for m in self.middleware:
             try:
-                await m.on_stop(worker)
+                await m.on_stop(ctx)
             except Exception as exc:  # re-raised below, once the rest have stopped
                 errors.append(exc)
         if errors:

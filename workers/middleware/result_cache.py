@@ -48,7 +48,7 @@ from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 T = TypeVar("T")
@@ -96,24 +96,24 @@ class CachedResults(Middleware):
         self._metrics = metrics
         self._cache = cache
         self._timeout_s = timeout_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._plans: dict[int, _Plan] = {}
         self._failing = False
         self.counts = CacheCounts()
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
         if self._cache is None:
-            self._cache = control_plane_for(worker.store).result_cache
+            self._cache = control_plane_for(ctx.store).result_cache
 
     # --- before compute: hits out, twins out ---------------------------------------------
 
     async def before_compute(self, batch: Batch) -> bool:
-        worker, model, label = self._worker, batch.key.model, batch.key.version
+        ctx, model, label = self._ctx, batch.key.model, batch.key.version
         ttl = self._ttl.for_model(model, label or None)
-        if ttl <= 0 or worker is None or label not in worker.versions.get(model, {}):
+        if ttl <= 0 or ctx is None or label not in ctx.versions.get(model, {}):
             return True
-        version = model_version(label, worker.versions[model][label])
+        version = model_version(label, ctx.versions[model][label])
         scope = self._scope.for_model(model, label or None)
         keys = {id(job): cache_key(model, version, job.request.inputs,
                                    owner=job.request.owner, scope=scope)

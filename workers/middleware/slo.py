@@ -23,7 +23,7 @@ from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.slo import SloConfig, SloController
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 def has_slo(slo_ms: PerModel[float | None]) -> bool:
@@ -87,8 +87,8 @@ class SloBatching(Middleware):
 
     # --- hooks -------------------------------------------------------------------------
 
-    async def on_start(self, worker: Worker) -> None:
-        self._first_label = {m: next(iter(v)) for m, v in worker.versions.items()}
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._first_label = {m: next(iter(v)) for m, v in ctx.versions.items()}
 
     async def after_decode(self, intake: Intake) -> None:
         if not intake.jobs:
