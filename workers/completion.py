@@ -159,18 +159,36 @@ def storable(answer: Answer) -> Answer:
     return replace(answer, generation=gen, result=replace(answer.result, generation=gen))
 
 
-class CallbackSink(Protocol):
-    """Takes terminal answers that carry a ``callback_url`` (webhook delivery). Must be
-    idempotent per (request ID, generation) and raise ResultStoreError when it cannot
-    enqueue, so the write path retries instead of losing the callback."""
+class WriteHooks(Protocol):
+    """What the write path tells the rest of the worker, through one object (the worker
+    passes its middleware ``Chain``)."""
 
-    async def enqueue(self, answers: Sequence[Answer]) -> None: ...
+    async def before_write(self, answers: Sequence[Answer]) -> None:
+        """Terminal answers that carry a ``callback_url`` (webhook delivery), before their
+        write. Must be idempotent per (request ID, generation) and raise ResultStoreError
+        when it cannot take them, so the write path retries instead of losing a callback."""
+        ...
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """These deliveries are acked or let go (the worker's leases stop holding them)."""
+        ...
+
+    def on_store(self, ok: bool) -> None:
+        """A result-store call on the write path succeeded or failed (the store breaker)."""
+        ...
 
 
-class Releaser(Protocol):
-    """Told which deliveries are acked or let go (the worker's leases stop holding them)."""
+class NoWriteHooks:
+    """:class:`WriteHooks` that do nothing (a writer used on its own)."""
 
-    def release(self, deliveries: Sequence[Delivery]) -> None: ...
+    async def before_write(self, answers: Sequence[Answer]) -> None:
+        pass
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        pass
+
+    def on_store(self, ok: bool) -> None:
+        pass
 
 
 class ResultWriter:
@@ -181,9 +199,7 @@ class ResultWriter:
         dead_letters: UndecodableSink,
         policy: FailurePolicy,
         *,
-        callbacks: CallbackSink | None = None,
-        leases: Releaser | None = None,
-        on_store: Callable[[bool], None] = lambda ok: None,
+        hooks: WriteHooks | None = None,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 2.0,
     ) -> None:
@@ -191,9 +207,7 @@ class ResultWriter:
         self._consumer = consumer
         self._dead_letters = dead_letters
         self._policy = policy
-        self._callbacks = callbacks
-        self._leases = leases
-        self._on_store = on_store
+        self._hooks: WriteHooks = NoWriteHooks() if hooks is None else hooks
         self._base = retry_base_s
         self._cap = retry_cap_s
 
@@ -221,11 +235,11 @@ class ResultWriter:
             for a, body in zip(all_answers, bodies, strict=True)
         ]
         hooked = [a for a in all_answers if a.callback_url]
-        if hooked and self._callbacks is not None:
+        if hooked:
             # Before the write, so a crash in between cannot lose a webhook. The sink is
             # idempotent per (request, generation) and delivers the result *stored* by then,
             # so a duplicate or a losing write never sends a second or a wrong result.
-            await self.retrying("enqueue webhooks", self._callbacks.enqueue, hooked)
+            await self.retrying("enqueue webhooks", self._hooks.before_write, hooked)
         won = await self.retrying("write results", self._store.write_terminal, writes)
         to_ack, refused = ack_plan(all_answers, won, settled.rescheduled, settled.superseded)
         if refused:
@@ -258,8 +272,7 @@ class ResultWriter:
         self._release(deliveries)
 
     def _release(self, deliveries: Sequence[Delivery]) -> None:
-        if self._leases is not None:
-            self._leases.release(deliveries)
+        self._hooks.release(deliveries)
 
     async def retrying(self, what: str, call: Callable[[A], Awaitable[R]], arg: A) -> R:
         """Call until it succeeds, with backoff: on these paths giving up would lose work."""
@@ -270,11 +283,11 @@ class ResultWriter:
                 result = await call(arg)
             except (ResultStoreError, TransportError) as exc:
                 if isinstance(exc, ResultStoreError):
-                    self._on_store(False)
+                    self._hooks.on_store(False)
                 delay = compute_backoff(attempt, base_s=self._base, cap_s=self._cap)
                 log.warning("retrying after failure", stage=what, attempt=attempt,
                             error=str(exc), retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
                 continue
-            self._on_store(True)
+            self._hooks.on_store(True)
             return result

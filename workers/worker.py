@@ -131,11 +131,9 @@ class Worker(DefaultViews):
         self.publisher = connectors.open_publisher(s.broker, self.names,
                                                    partitions=s.kafka_partitions)
         policy = self._failure_policy or default_policy(s, store)
-        # the chain is the writer's webhook sink and lease releaser: it fans out to middleware
+        # the chain is the writer's write hooks: it fans out to every middleware
         undecodable = connectors.control_plane_for(store).undecodable
-        self.writer = ResultWriter(store, self.consumer, undecodable, policy,
-                                   callbacks=self.hooks, leases=self.hooks,
-                                   on_store=self.hooks.on_store)
+        self.writer = ResultWriter(store, self.consumer, undecodable, policy, hooks=self.hooks)
         self.context = ctx = self._context(store)
         try:
             await self.hooks.on_start(ctx)

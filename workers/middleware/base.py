@@ -150,8 +150,9 @@ M = TypeVar("M", bound=Middleware)
 
 
 class Chain:
-    """A middleware list, called in order. Also ``ResultWriter``'s callback sink and lease
-    releaser, so the write path reaches every middleware through one object."""
+    """A middleware list, called in order. Also ``ResultWriter``'s ``WriteHooks``
+    (``before_write``, ``release``, ``on_store``), so the write path reaches every
+    middleware through one object."""
 
     def __init__(self, middleware: Iterable[Middleware]) -> None:
         self.middleware = list(middleware)
@@ -258,7 +259,7 @@ class Chain:
         for m in self.middleware:
             await m.after_compute(batch, run)
 
-    async def enqueue(self, answers: Sequence[Answer]) -> None:
+    async def before_write(self, answers: Sequence[Answer]) -> None:
         for m in self.middleware:
             await m.before_write(answers)
 
