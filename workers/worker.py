@@ -39,16 +39,8 @@ from batchfleet.workers.failures import FailurePolicy
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
-from batchfleet.workers.models import (
-    ModelHandler,
-    lanes,
-    load_versions,
-    model_version,
-    per_model,
-    registry_versions,
-    slots,
-    version_lane,
-)
+from batchfleet.workers.models import ModelHandler, load_versions
+from batchfleet.workers.models import versions as model_versions
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
@@ -93,7 +85,7 @@ class Worker(DefaultViews):
             s.max_batch_size, wait_s, priority=lambda key: key.lane_rank,
             policy=self.hooks.close_policy() or FixedWait(wait_s),
             enqueued_at=lambda job: job.request.enqueued_at)
-        self.compute = ComputeThread(slots(self.versions), resolve_device(s.device),
+        self.compute = ComputeThread(model_versions.slots(self.versions), resolve_device(s.device),
                                      ComputeLimits(s.compute_timeout_s))
         self.containment = Containment(self.compute, self._note_stalls)
         #: Stalled batches being split beside the compute loop (``workers.containment``).
@@ -181,15 +173,15 @@ class Worker(DefaultViews):
         if not await aio.within(store.ping(), 5.0):
             raise ResultStoreError(f"result store {s.results_url} is not answering")
         warm = await self.compute.setup()
-        await self.consumer.start(lanes(self.versions))
+        await self.consumer.start(model_versions.lanes(self.versions))
         registry, shards = model_registry_for(store), s.lane_shards_by_model
         self.served = ServedModels(registry, s.worker_id, self.handlers, shards)  # every beat
-        self.served.versions = registry_versions(self.versions)
+        self.served.versions = model_versions.registry_versions(self.versions)
         assert self.context is not None
         self.context.served = self.served
         await self.served.assert_served()
         await shard_lanes(self.consumer, shards, registry)  # and the shards that hold work
-        return per_model(warm)
+        return model_versions.per_model(warm)
 
     async def _run_loops(self) -> None:
         fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
@@ -321,7 +313,7 @@ class Worker(DefaultViews):
                 await self._spawn_completion(*batch.take_answered())
             if not go:
                 continue
-            lane = version_lane(batch.key.model, batch.key.version)
+            lane = model_versions.version_lane(batch.key.model, batch.key.version)
             run = await self.compute.run(lane, batch.jobs)
             if run.stalled:  # split beside this loop, which goes on on a fresh thread
                 task = asyncio.create_task(self._contain(lane, batch, run))
@@ -349,7 +341,7 @@ class Worker(DefaultViews):
         """After compute: middleware, answers from the outputs, their write and ack."""
         model, label, jobs = batch.key.model, batch.key.version, batch.jobs
         await self.hooks.after_compute(batch, run)
-        version = model_version(label, self.versions[model][label])
+        version = model_versions.model_version(label, self.versions[model][label])
         answers, failed = answers_from_run(model, version, jobs, run)
         more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
         await self._spawn_completion(answers + more, [*failed, *more_failed])
