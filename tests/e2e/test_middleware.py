@@ -39,6 +39,7 @@ class Recorder(Middleware):
         self.calls.append((hook, frozenset(ids)))
 
     async def on_start(self, ctx: WorkerContext) -> None:
+        assert isinstance(ctx, WorkerContext)  # never the Worker itself
         self._note("on_start")
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
