@@ -225,11 +225,29 @@ class MicroBatcher(Generic[K, T]):
     def take_ready(self, *, flush: bool = False) -> tuple[K, list[T]] | None:
         """A ready batch now, or None. With ``flush`` any non-empty group counts as ready."""
         now = self._clock()
-        due = self._due(now)
-        key = pick_due(due, now, self.max_batch_size)
-        if key is None and flush and due:
-            key = min(due, key=lambda k: due[k][1])
+        key = self._pick(now, flush)
         return None if key is None else (key, self._take(key, now))
+
+    def _pick(self, now: float, flush: bool) -> K | None:
+        """:func:`pick_due` over the groups in one pass, building no table (this runs at
+        every look); with ``flush`` and none due, the group with the oldest arrival."""
+        due_at, rank_of, max_size = self.policy.due_at, self._priority, self.max_batch_size
+        best: tuple[int, float] | None = None
+        chosen: K | None = None
+        oldest_key: K | None = None
+        oldest_at = math.inf
+        for key, group in self._groups.items():
+            size, oldest = len(group.items), group.items[0][0]
+            due = due_at(key, size, oldest, group.origin, now)  # asked of every group
+            if size >= max_size or now >= due:
+                rank = rank_of(key)
+                if best is None or (rank, oldest) < best:
+                    best, chosen = (rank, oldest), key
+            elif oldest < oldest_at:
+                oldest_key, oldest_at = key, oldest
+        if chosen is None and flush:
+            return oldest_key
+        return chosen
 
     def _take(self, key: K, now: float) -> list[T]:
         group = self._groups[key]
