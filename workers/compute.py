@@ -27,7 +27,7 @@ import torch
 
 from batchfleet.schemas.errors import ComputeTimeoutError
 from batchfleet.workers.compute_limits import ComputeLimits
-from batchfleet.workers.intake import Job
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.runner import BatchRun, ModelRunner
 

@@ -21,7 +21,7 @@ import structlog
 from batchfleet.schemas.errors import BatchfleetError, ComputeTimeoutError, StalledError
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.compute import ComputeThread
-from batchfleet.workers.intake import Job
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.runner import BatchRun
 
 log = structlog.get_logger("batchfleet.worker")

@@ -60,7 +60,7 @@ async def test_shadow_of_the_same_model_is_compared_and_never_returned(
         policy = await model_registry_for(worker.store).set_policy(
             MODEL, stable="default", shadow="v1", who="test", why="shadow v1")
         cache = worker.find(VersionStats).policies
-        await cache.refresh(worker, force=True)
+        await cache.refresh(worker.context, force=True)
         assert cache.epoch(MODEL) == policy.epoch
         rng = np.random.default_rng(7)
         rows = rng.standard_normal((WAVES * PER_WAVE, 10)).astype(np.float32)

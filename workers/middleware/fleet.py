@@ -12,25 +12,25 @@ from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.retry import RetryPump
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 class HeartbeatLoop(Middleware):
     def __init__(self) -> None:
         self._heartbeat: Heartbeat | None = None
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        store = worker.store
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        store = ctx.store
         # Each beat also re-registers the models and records the lanes the consumer had to
         # recreate after the broker lost its data (Redis Streams and Kafka consumers note them).
-        self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, worker.settings.worker_id,
-                                    worker.vitals, store=store, served=worker.served,
-                                    lane_losses=getattr(worker.consumer, "lane_losses", None))
+        self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, ctx.settings.worker_id,
+                                    ctx.vitals, store=store, served=ctx.served,
+                                    lane_losses=getattr(ctx.consumer, "lane_losses", None))
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._heartbeat.run()] if self._heartbeat is not None else []
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         if self._heartbeat is not None:
             await self._heartbeat.forget()
 
@@ -40,13 +40,13 @@ class RetryPumpLoop(Middleware):
     once the worker is stopping."""
 
     def __init__(self) -> None:
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        assert self._worker is not None
-        w = self._worker
+        assert self._ctx is not None
+        w = self._ctx
         pump = RetryPump(control_plane_for(w.store).retry_schedule, w.publisher)
         return [pump.run(w.stopping)]

@@ -54,7 +54,7 @@ from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun, bisect_run
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -102,7 +102,7 @@ class Shadow(Middleware):
         self._policies = policies
         self._versions = versions
         self._every_s = every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._stats: RedisRolloutStats | None = None
         self._waiting: dict[str, Copy] = {}  # request ID -> its batch's copy
         self._running: asyncio.Task[None] | None = None
@@ -110,9 +110,9 @@ class Shadow(Middleware):
         self._deltas: dict[str, tuple[int, ComparisonDelta]] = {}
         self._old: list[tuple[str, int, ComparisonDelta]] = []
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        self._worker = worker
-        self._stats = rollout_stats_for(worker.store)
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        self._ctx = ctx
+        self._stats = rollout_stats_for(ctx.store)
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
@@ -166,11 +166,11 @@ class Shadow(Middleware):
 
     def _backed_up(self) -> bool:
         """A full batch waits for compute, or the writes are at their cap."""
-        w = self._worker
+        w = self._ctx
         if w is None:
             return True
         buffered = sum(w.in_flight().values()) - w.compute.computing[1]
-        writes = len(w._completions.tasks)  # the cap that pushes back on compute
+        writes = w.pending_writes()  # the cap that pushes back on compute
         return (buffered >= w.settings.max_batch_size
                 or writes >= w.settings.max_pending_writes)
 
@@ -200,8 +200,8 @@ class Shadow(Middleware):
             self._running = None
 
     async def _compare(self, copy: Copy) -> None:
-        assert self._worker is not None
-        handler = worker_versions(self._worker).get(copy.model, {}).get(copy.shadow)
+        assert self._ctx is not None
+        handler = worker_versions(self._ctx).get(copy.model, {}).get(copy.shadow)
         if handler is None:  # the shadow lives on another pool: nothing to run it on here
             self._skip(copy, "absent")
             return
@@ -227,17 +227,17 @@ class Shadow(Middleware):
         self._versions.record(copy.model, copy.shadow, "shadow", n, errors, shadow_ms / 1000.0)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._loop()] if self._worker is not None else []
+        return [self._loop()] if self._ctx is not None else []
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._every_s)
             await self.flush()
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         running = self._running
         if running is not None:  # a shadow run is bounded by one forward
-            await asyncio.wait({running}, timeout=worker.settings.grace_s)
+            await asyncio.wait({running}, timeout=ctx.settings.grace_s)
             if not running.done():  # a wedged shadow: its thread is a daemon, left behind
                 running.cancel()
                 await asyncio.wait({running})
