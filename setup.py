@@ -28,6 +28,7 @@ def linked_folders_missing(root: Path) -> list[str]:
 missing = linked_folders_missing(Path(__file__).resolve().parent)
 if missing:
     raise SystemExit(
-        f"batchfleet: batchfleet/{{{','.join(missing)}}} are not folders: this checkout "
-        f"wrote its symlinks as plain files (git core.symlinks=false): {ADVICE}")
+        f"batchfleet: {', '.join(f'batchfleet/{name}' for name in missing)} should be "
+        f"folders but are plain files: this checkout wrote its symlinks as files (git "
+        f"core.symlinks=false): {ADVICE}")
 setup()

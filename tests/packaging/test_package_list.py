@@ -97,4 +97,5 @@ def test_a_checkout_with_links_as_plain_files_refuses_to_build(tmp_path: Path) -
     assert not list(tmp_path.glob("dist/*.whl"))
     output = done.stdout + done.stderr
     assert "core.symlinks=true" in output, output
-    assert "batchfleet/{schemas,connectors,producers,workers} are not folders" in output
+    assert ("batchfleet/schemas, batchfleet/connectors, batchfleet/producers, "
+            "batchfleet/workers should be folders but are plain files") in output
