@@ -154,6 +154,7 @@ def bench(
 
         batchfleet bench --capacity --cluster --max-requests 20000 --poll-interval-s 5
     """
+    _require_bench()
     from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
     from batchfleet.bench.run import rerender, run_bench
@@ -217,6 +218,22 @@ def bench(
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
     typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
+
+
+#: What `batchfleet bench` says where the bench's own distribution is not installed.
+BENCH_MISSING = ("'batchfleet bench' needs the batchfleet-bench package: pip install "
+                 "batchfleet-bench (from a clone: pip install ./bench)")
+
+
+def _require_bench() -> None:
+    """One line and exit 2 where ``batchfleet.bench`` is absent: it ships outside the
+    batchfleet wheel (bench/pyproject.toml), as a missing extra would be reported."""
+    try:
+        import batchfleet.bench  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "batchfleet.bench":
+            raise
+        raise fail(BENCH_MISSING) from None
 
 
 def _load_and_rows(plan: BenchPlan, producers: int | None, broker_loop: bool, slo: bool,
