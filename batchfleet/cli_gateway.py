@@ -19,6 +19,7 @@ from batchfleet.options import (
     fail,
 )
 from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.settings import DEFAULT_CALLBACK_SCHEMES, DEFAULT_NAMESPACE
 
 gateway_app = typer.Typer(invoke_without_command=True, rich_markup_mode="markdown")
 
@@ -49,7 +50,7 @@ def gateway(
         "--broker", envvar="BATCHFLEET_BROKER",
         help="redis://host:port/db or kafka://host:port[,host:port].")] = None,
     results: ResultsOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     host: Annotated[str, typer.Option(
         envvar="BATCHFLEET_GATEWAY_HOST",
         help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
@@ -62,7 +63,7 @@ def gateway(
         envvar="BATCHFLEET_GATEWAY_MAX_BATCH_ITEMS", help="Most requests per batch.")] = 1000,
     max_wait_s: Annotated[float, typer.Option(
         envvar="BATCHFLEET_GATEWAY_MAX_WAIT_S", help="Longest long-poll.")] = 60.0,
-    callback_schemes: CallbackSchemesOpt = "https",
+    callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
     id_secret: IdSecretOpt = None,

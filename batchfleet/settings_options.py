@@ -66,12 +66,13 @@ def typer_option(option: SettingOption) -> Any:
     return Annotated[kind | None, info]
 
 
-def shared_option(declared: Opt, kind: Any = str) -> Any:
-    """``Annotated[kind, typer.Option(...)]`` from a shared declaration (``BROKER``), for
-    a hand-written command; its default is the command's (``= DEFAULT_NAMESPACE``)."""
-    return Annotated[kind, typer.Option(
-        declared.flag, envvar=list((declared.env, *declared.also_env)) if declared.also_env
-        else declared.env, help=declared.help, metavar=declared.metavar or None)]
+def shared_info(declared: Opt) -> Any:
+    """The ``typer.Option(...)`` for a shared declaration (``BROKER``), to use as
+    ``Annotated[str, shared_info(BROKER)]`` in a hand-written command; its default is the
+    command's (``= DEFAULT_NAMESPACE``)."""
+    envvar = [declared.env, *declared.also_env] if declared.also_env else declared.env
+    return typer.Option(declared.flag, envvar=envvar, help=declared.help,
+                        metavar=declared.metavar or None)
 
 
 def command_function(options: Iterable[SettingOption],
