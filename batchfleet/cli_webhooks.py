@@ -21,7 +21,10 @@ from batchfleet.schemas.names import Names
 from batchfleet.schemas.settings import (
     DEFAULT_CALLBACK_SCHEMES,
     DEFAULT_NAMESPACE,
+    DEFAULT_WEBHOOK_TIMEOUT_S,
     WEBHOOK_RESULTS,
+    WEBHOOK_SECRET,
+    WEBHOOK_TIMEOUT_S,
 )
 from batchfleet.settings_options import shared_info
 
@@ -48,14 +51,11 @@ def _queue(url: str, namespace: str) -> Queue:
 def worker(
     results: RedisOpt,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
-    secret: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_WEBHOOK_SECRET", help="HMAC-SHA256 signing secret (required).",
-        show_default=False)] = "",
+    secret: Annotated[str, shared_info(WEBHOOK_SECRET, show_default=False)] = "",
     callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
-    timeout_s: Annotated[float, typer.Option(envvar="BATCHFLEET_WEBHOOK_TIMEOUT_S",
-                                             help="Per-delivery HTTP timeout.")] = 10.0,
+    timeout_s: Annotated[float, shared_info(WEBHOOK_TIMEOUT_S)] = DEFAULT_WEBHOOK_TIMEOUT_S,
     burst: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
 ) -> None:
     """Run an RQ worker (with its scheduler, which the retry backoff needs) for webhooks.
@@ -72,7 +72,7 @@ def worker(
 
     try:
         if not secret:
-            raise ConfigError("--secret / BATCHFLEET_WEBHOOK_SECRET is required")
+            raise ConfigError(f"--secret / {WEBHOOK_SECRET.env} is required")
         configure(DeliveryConfig(secret, CallbackPolicy.parse(
             callback_schemes, callback_hosts, callback_allow_nets), timeout_s))
     except ConfigError as exc:

@@ -66,13 +66,13 @@ def typer_option(option: SettingOption) -> Any:
     return Annotated[kind | None, info]
 
 
-def shared_info(declared: Opt) -> Any:
+def shared_info(declared: Opt, **extra: Any) -> Any:
     """The ``typer.Option(...)`` for a shared declaration (``BROKER``), to use as
     ``Annotated[str, shared_info(BROKER)]`` in a hand-written command; its default is the
     command's (``= DEFAULT_NAMESPACE``)."""
     envvar = [declared.env, *declared.also_env] if declared.also_env else declared.env
     return typer.Option(declared.flag, envvar=envvar, help=declared.help,
-                        metavar=declared.metavar or None)
+                        metavar=declared.metavar or None, **extra)
 
 
 def command_function(options: Iterable[SettingOption],

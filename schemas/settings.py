@@ -127,6 +127,12 @@ CALLBACK_ALLOW_NETS = Opt(
     flag="--callback-allow-nets", env="BATCHFLEET_CALLBACK_ALLOW_NETS")
 #: The defaults of the three above.
 DEFAULT_CALLBACK_SCHEMES = "https"
+#: Webhook delivery (connectors/webhook_jobs.py): ``webhooks worker`` and a plain ``rq worker``.
+WEBHOOK_SECRET = Opt("HMAC-SHA256 signing secret (required).", flag="--secret",
+                     env="BATCHFLEET_WEBHOOK_SECRET", secret=True)
+WEBHOOK_TIMEOUT_S = Opt("Per-delivery HTTP timeout.", flag="--timeout-s",
+                        env="BATCHFLEET_WEBHOOK_TIMEOUT_S")
+DEFAULT_WEBHOOK_TIMEOUT_S = 10.0
 
 
 # --- the fields, as options ----------------------------------------------------------

@@ -220,3 +220,25 @@ def test_gateway_refuses_a_bad_value_in_one_line_naming_the_flag() -> None:
                                   env={"BATCHFLEET_BROKER": None})
         assert done.exit_code == 2, done.output
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_webhook_delivery_settings_are_declared_once() -> None:
+    """``webhooks worker`` and a plain ``rq worker`` (``DeliveryConfig.from_env``) read the
+    same declared variables."""
+    from batchfleet.connectors.webhook_jobs import DeliveryConfig
+    from batchfleet.schemas.errors import ConfigError
+    from batchfleet.schemas.settings import WEBHOOK_SECRET, WEBHOOK_TIMEOUT_S
+
+    webhooks = typer.main.get_command(app).commands["webhooks"]  # type: ignore[attr-defined]
+    params = {p.name: p for p in webhooks.commands["worker"].params}
+    for name, declaration in (("secret", WEBHOOK_SECRET), ("timeout_s", WEBHOOK_TIMEOUT_S)):
+        assert declaration.flag in params[name].opts
+        assert params[name].envvar == declaration.env and params[name].help == declaration.help
+    assert params["timeout_s"].default == DeliveryConfig("s").timeout_s == 10.0
+
+    config = DeliveryConfig.from_env({WEBHOOK_SECRET.env: "whsec", WEBHOOK_TIMEOUT_S.env: "3",
+                                      CALLBACK_HOSTS.env: "hooks.example.com"})
+    assert (config.secret, config.timeout_s) == ("whsec", 3.0)
+    assert config.policy.hosts == ("hooks.example.com",)
+    with pytest.raises(ConfigError, match=WEBHOOK_SECRET.env):
+        DeliveryConfig.from_env({})
