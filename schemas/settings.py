@@ -30,6 +30,7 @@ from dataclasses import MISSING, Field, dataclass, fields, is_dataclass, replace
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints, runtime_checkable
 
 from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.names import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE  # noqa: PLC0414
 from batchfleet.schemas.per_model import PerModel, parse_per_model
 
 #: Prefix of every environment variable.
@@ -99,8 +100,6 @@ def one_of(*allowed: str) -> Callable[[str], str]:
 
 # --- the connection options every command shares ----------------------------------------
 
-#: The prefix of every key, stream and topic unless --namespace says otherwise.
-DEFAULT_NAMESPACE = "bf"
 BROKER = Opt(
     "redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster) or "
     "kafka://host:port[,host:port].", flag="--broker", env="BATCHFLEET_BROKER", metavar="URL")
