@@ -40,6 +40,7 @@ from batchfleet.options import (
     missing_extra,
 )
 from batchfleet.output import OutputOpt, output_format
+from batchfleet.schemas.settings import BROKER
 
 
 class _Commands(TyperGroup):
@@ -290,8 +291,8 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
 @app.command()
 def demo(
     broker: Annotated[str | None, typer.Option(
-        "--broker", envvar="BATCHFLEET_BROKER",
-        help="Broker URL; 'kafka' starts the bundled Kafka-compatible broker. "
+        BROKER.flag, envvar=BROKER.env, metavar=BROKER.metavar,
+        help=f"{BROKER.help} 'kafka' starts the bundled Kafka-compatible broker. "
              "Default: an embedded Redis on a free port.")] = None,
     results: ResultsOpt = None,
     requests: Annotated[int, typer.Option("--requests", "-n", help="How many requests.")

@@ -31,6 +31,7 @@ from batchfleet.options import (
     fail,
 )
 from batchfleet.output import OutputOpt, dump, output_format
+from batchfleet.schemas.settings import DEFAULT_CALLBACK_SCHEMES, DEFAULT_NAMESPACE
 
 #: ``submit --wait`` and ``result``: a request still pending (README "Exit codes").
 EXIT_PENDING = 3
@@ -90,11 +91,11 @@ def submit(
     callback_url: Annotated[str | None, typer.Option(
         help="POST the result here when it is terminal (needs `batchfleet webhooks "
              "worker`); checked against the --callback-* allowlist.")] = None,
-    callback_schemes: CallbackSchemesOpt = "https",
+    callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
     wait: WaitOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
@@ -148,7 +149,7 @@ def result(
     broker: BrokerOpt,
     results: ResultsOpt = None,
     wait: WaitOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:

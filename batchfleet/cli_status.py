@@ -14,6 +14,7 @@ from rich.text import Text
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
 from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, iso_times, output_format
 from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 from batchfleet.status import FleetReader, FleetSnapshot, render
 
 #: A snapshot that takes longer than this counts as failed (an unreachable Redis).
@@ -58,7 +59,7 @@ async def _watch(reader: FleetReader, output: str, no_headers: bool, interval: f
 def status(
     broker: BrokerOpt,
     results: ResultsOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     as_json: JsonOpt = False,
     output: OutputOpt = "table",
     no_headers: NoHeadersOpt = False,
