@@ -94,8 +94,9 @@ class Gateway:
         raise refusal(key, verdict, len(ids))
 
     async def enqueue(self, key: ApiKey, model: str, sub: Submission, ids: list[str],
-                      inputs: list[Any], fingerprint: str | None, response: Response) -> None:
-        """Admit, then submit owned by ``key``; a failed submit gives its slots back."""
+                      inputs: list[Any], fingerprint: str, response: Response) -> None:
+        """Admit, then submit owned by ``key``; a failed submit gives its slots back.
+        ``fingerprint`` is "" for IDs the gateway made (see :meth:`AsyncClient.submit`)."""
         await self.admit(key, ids, response)
         options: dict[str, Any] = {
             "priority": sub.priority, "deadline_s": sub.deadline_s,
@@ -181,8 +182,8 @@ async def submit(model: str, request: Request, response: Response, gw: GatewayDe
     sub, fp = await _read(gw, request, key, model, batch=False)
     idem = _idempotency(idempotency_key)
     if idem is None:
-        rid = new_request_id()
-        await gw.enqueue(key, model, sub, [rid], sub.inputs, None, response)
+        rid = new_request_id()  # made here: nothing to fingerprint ("")
+        await gw.enqueue(key, model, sub, [rid], sub.inputs, "", response)
     else:
         rid = derive_request_id(gw.id_secret, key, idem)
         status = (await gw.replayed(key, [rid], fp))[0]
@@ -206,7 +207,7 @@ async def submit_batch(model: str, request: Request, response: Response, gw: Gat
     idem = _idempotency(idempotency_key)
     if idem is None:
         ids = [new_request_id() for _ in sub.inputs]
-        await gw.enqueue(key, model, sub, ids, sub.inputs, None, response)
+        await gw.enqueue(key, model, sub, ids, sub.inputs, "", response)
     else:
         ids = [derive_request_id(gw.id_secret, key, idem, i) for i in range(len(sub.inputs))]
         todo = [i for i, there in enumerate(await gw.replayed(key, ids, fp)) if there is None]
