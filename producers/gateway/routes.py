@@ -117,8 +117,9 @@ class Gateway:
     async def replayed(self, key: ApiKey, ids: Sequence[str], fp: str) -> list[str | None]:
         """Per ID, the current status of its record if it has one (a replay), else None."""
         records = await self.store.get_records(ids)
-        replays(key, records, fp)
-        return [None if r is None else r.status for r in records]
+        there = replays(key, records, fp)  # 409 first if one was made from another body
+        return [r.status if was and r is not None else None
+                for r, was in zip(records, there, strict=True)]
 
 
 def _gateway(request: Request) -> Gateway:
