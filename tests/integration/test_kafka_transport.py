@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 from aiokafka.structs import TopicPartition
 
 from batchfleet.connectors.broker import Delivery, OutboundMessage
@@ -108,6 +109,25 @@ async def test_topic_creation_is_idempotent_with_the_partition_count(
     finally:
         await admin.close()
     assert {t["topic"]: len(t["partitions"]) for t in described} == dict.fromkeys(topics, 4)
+
+
+async def test_a_timed_out_send_recreates_its_topic_only_where_the_broker_lacks_it(
+    kafka_broker: str, names: Names
+) -> None:
+    """Review finding 8: a send that timed out (a slow broker) must not re-create a topic
+    that exists, which resets its log on Tansu; one the cluster's metadata lacks is
+    re-created, and so is one the broker called unknown."""
+    pub = KafkaPublisher(kafka_broker, names, 2)
+    msg = OutboundMessage(MODEL, LANE_BULK, "k", b"v")
+    try:
+        await pub.publish([msg])
+        there, absent = names.topic(MODEL, LANE_BULK), names.topic("never", LANE_BULK)
+        timed_out = [((there, msg), KafkaTimeoutError()), ((absent, msg), KafkaTimeoutError())]
+        assert await pub._lost_topics(timed_out) == {absent}
+        unknown = [((there, msg), UnknownTopicOrPartitionError())]
+        assert await pub._lost_topics(unknown) == {there}
+    finally:
+        await pub.close()
 
 
 async def test_every_message_is_consumed_once_and_committed(
