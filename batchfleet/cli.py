@@ -69,15 +69,17 @@ class _Commands(TyperGroup):
             sys.exit(exc.exit_code)
         except click_errors.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            fail(" ".join(exc.format_message().split()).rstrip(".") + where, exc.exit_code)
-            sys.exit(exc.exit_code)
+            message = " ".join(exc.format_message().split()).rstrip(".") + where
+            status = exc.exit_code
         except click_errors.ClickException as exc:
-            fail(" ".join(exc.format_message().split()), exc.exit_code)
-            sys.exit(exc.exit_code)
+            message, status = " ".join(exc.format_message().split()), exc.exit_code
         except typer.Abort:
-            fail("aborted", EXIT_FAILED)
-            sys.exit(EXIT_FAILED)
-        sys.exit(code if isinstance(code, int) else 0)
+            message, status = "aborted", EXIT_FAILED
+        else:
+            sys.exit(code if isinstance(code, int) else 0)
+        # printed here, not with ``fail``: that one returns the Exit a command raises
+        typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+        sys.exit(status)
 
     def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
         try:

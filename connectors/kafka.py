@@ -22,13 +22,13 @@ Why it looks the way it does:
   restarted empty, a truncation, a recreated topic) starts a new epoch, part of each
   delivery token, so old acks never commit into the new log; its lane's loss is noted
   in :attr:`KafkaConsumer.lane_losses` for the heartbeat to record, as on Redis, and a
-  topic gone from the broker is created again.
+  topic gone from the broker is created again (``connectors.kafka_topics``, a background
+  task: whole-cluster metadata is never read inside ``fetch``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +45,12 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from batchfleet.connectors.broker import Delivery, LaneBacklog
 from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
+from batchfleet.connectors.kafka_topics import TOPIC_CHECK_S, TopicWatch, seek_to_start
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import LANE_INTERACTIVE, LANES, Names
 
 log = structlog.get_logger("batchfleet.kafka")
-#: How often the consumer asks the broker whether its topics still exist.
-TOPIC_CHECK_S = 5.0
+__all__ = ["TOPIC_CHECK_S", "KafkaConsumer"]
 
 
 @dataclass(slots=True)
@@ -125,11 +125,10 @@ class KafkaConsumer:
         self._watch = LossWatch(self._group)
         #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
         self.lane_losses = self._watch.lane_losses
-        self._seen_topics: set[str] = set()
-        self._missing: set[str] = set()  # seen once, missing at the last topic check
         self._owned: set[TopicPartition] = set()  # the last assignment
         self._unchecked: set[TopicPartition] = set()
-        self._next_topic_check = 0.0
+        self._topic_watch: TopicWatch | None = None
+        self._topic_task: asyncio.Task[None] | None = None
 
     async def start(self, models: Sequence[str]) -> None:
         """Create every lane's topic, join the group and return once partitions are assigned."""
@@ -146,6 +145,9 @@ class KafkaConsumer:
             raise TransportError(
                 f"cannot join Kafka group {self._group!r} at {self._bootstrap}: {exc!r}"
             ) from exc
+        self._topic_watch = TopicWatch(self._bootstrap, self._topics, self._topic_spec)
+        self._topic_task = asyncio.create_task(self._topic_watch.run(consumer.topics),
+                                               name="kafka-topic-watch")
 
     @property
     def assignment(self) -> frozenset[TopicPartition]:
@@ -166,6 +168,8 @@ class KafkaConsumer:
         out: list[Delivery] = []
         if max_count < 1:
             return out
+        if self._topic_watch is not None and (gone := self._topic_watch.take()):
+            await self._topics_lost(gone)
         if interactive := [tp for tp in self._interactive if not self._is_paused(tp)]:
             out = self._deliveries(await self._getmany(interactive, max_count, 0.0))
         if len(out) < max_count:
@@ -173,8 +177,6 @@ class KafkaConsumer:
             out.extend(self._deliveries(await self._getmany((), max_count - len(out), wait_s)))
             out.sort(key=lambda d: LANES.index(d.lane))
         await self._check_ends()
-        if time.monotonic() >= self._next_topic_check:
-            await self._check_topics()
         return out
 
     async def _check_ends(self) -> None:
@@ -197,46 +199,16 @@ class KafkaConsumer:
         if lost:
             self._watch.warn((":".join(self._topics[tp.topic]) for tp in lost),
                              "log end went back")
-            await self._restart_from_beginning(lost)
+            await seek_to_start(consumer, lost)
 
-    async def _restart_from_beginning(self, tps: Sequence[TopicPartition]) -> None:
-        """Read a lost partition's new log from its start: a position past the end need not
-        be refused (Tansu answers nothing), and what the new log holds arrived after the loss.
-        """
-        try:
-            await asyncio.wait_for(self._require().seek_to_beginning(*tps), 5.0)
-        except (KafkaError, TimeoutError) as exc:  # a rebalance took them: the new owner reads
-            log.info("kafka_seek_after_loss_failed", error=repr(exc))
-
-    async def _check_topics(self) -> None:
-        """Create again any topic of ours the broker has not had at two checks in a row (and
-        count it lost). Not at the first: a broker that lost its data may still serve a
-        topic a stray produce recreated and list it a moment later (Tansu does), and
-        creating it then would reset its log."""
-        self._next_topic_check = time.monotonic() + TOPIC_CHECK_S
-        try:  # bounded: a fetch must return within its timeout however the broker is
-            present = set(await asyncio.wait_for(self._require().topics(), 2.0)) & set(
-                self._topics)
-        except (KafkaError, TimeoutError) as exc:
-            log.info("kafka_topic_check_failed", error=repr(exc))
-            return
-        missing = self._seen_topics - present
-        gone, self._missing = missing & self._missing, missing
-        self._seen_topics |= present
-        if not gone:
-            return
-        try:
-            await asyncio.wait_for(ensure_topics(self._bootstrap, gone, *self._topic_spec), 5.0)
-        except (TransportError, TimeoutError) as exc:
-            log.warning("kafka_topic_recreate_failed", topics=sorted(gone), error=str(exc))
-            return  # tried again at the next check
-        self._seen_topics -= gone
+    async def _topics_lost(self, gone: set[str]) -> None:
+        """Topics the watch created again: count their lanes lost, read their new logs."""
         lanes = [self._topics[t] for t in gone]
         self._watch.topic_lost((tp for tp in self._watch.known() if tp.topic in gone), lanes)
         for tp in (mine := [tp for tp in self._parts if tp.topic in gone]):
             self._parts[tp] = _Partition()
         if mine:
-            await self._restart_from_beginning(mine)
+            await seek_to_start(self._require(), mine)
         self._watch.warn((":".join(lane) for lane in lanes), "topic gone; created again")
 
     async def _getmany(
@@ -412,6 +384,10 @@ class KafkaConsumer:
 
     async def close(self) -> None:
         """Leave the group. Acks already committed; un-acked work goes to the next owner."""
+        task, self._topic_task = self._topic_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # its cancellation is not ours to raise
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             _leave_group_at_generation_zero(consumer)

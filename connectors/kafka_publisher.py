@@ -9,11 +9,13 @@ No idempotent producer or transactions (Tansu, the development broker, refuses
 
 A broker restart (or a lost topic) must not need a producer restart: messages the
 broker refused are sent again, up to ``PUBLISH_ATTEMPTS`` times, after their topics are
-created again where the broker said it does not know them; from the second try each goes to another
-partition of its topic, so one partition without a leader (or one a broker cannot
-write) does not fail the publish. Nothing relies on a request's partition: the key
-only spreads load. A repeat that had in fact landed is a duplicate message, which the
-result store absorbs (first terminal result wins).
+created again where the broker said it does not know them (a send that only timed out
+re-creates its topic just when the cluster's metadata lacks it: re-creating an existing
+topic resets its log on Tansu). From the second try each goes to another partition of
+its topic, so one partition without a leader (or one a broker cannot write) does not
+fail the publish. Nothing relies on a request's partition: the key only spreads load.
+A repeat that had in fact landed is a duplicate message, which the result store absorbs
+(first terminal result wins).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024 + 64 * 1024
 #: Sends of one publish before its refused messages fail it; the pauses between them.
 PUBLISH_ATTEMPTS = 4
 RETRY_PAUSE_S = (0.2, 0.5, 1.0)
+#: Bounds on topic creation and on the metadata check before re-creating a topic, so a
+#: broker that stops answering fails the publish instead of holding every publish's lock.
+CREATE_TIMEOUT_S = 5.0
+METADATA_TIMEOUT_S = 2.0
 
 log = structlog.get_logger("batchfleet.kafka")
 
@@ -94,7 +100,12 @@ class KafkaPublisher:
         """Start the producer and create each topic once, however many publishes race here."""
         async with self._lock:
             if missing := set(topics) - self._known_topics:
-                await ensure_topics(self._bootstrap, missing, *self._topic_spec)
+                try:
+                    await asyncio.wait_for(ensure_topics(
+                        self._bootstrap, missing, *self._topic_spec), CREATE_TIMEOUT_S)
+                except TimeoutError as exc:
+                    raise TransportError(f"Kafka at {self._bootstrap} did not create topics "
+                                         f"within {CREATE_TIMEOUT_S:g}s") from exc
                 self._known_topics |= missing
             if self._producer is None:
                 producer = AIOKafkaProducer(
@@ -125,7 +136,7 @@ class KafkaPublisher:
                         attempt=attempt + 1, error=str(errors[0]))
             await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
             todo = [item for item, _ in refused]
-            if missing := {item[0] for item, exc in refused if _topic_missing(exc)}:
+            if missing := await self._lost_topics(refused):
                 # The broker lost them: create them again. Only then: on Tansu, creating
                 # a topic a stray produce had recreated resets its log.
                 self._known_topics -= missing
@@ -139,16 +150,39 @@ class KafkaPublisher:
                 f"Kafka did not accept {len(refused)} of {len(messages)} messages: {errors[0]}"
             ) from errors[0]
 
+    async def _lost_topics(
+            self, refused: Sequence[tuple[tuple[str, OutboundMessage], BaseException]]
+    ) -> set[str]:
+        """Topics of refused messages that the broker no longer has. A send that timed out
+        proves nothing (a slow broker, a partition without a leader): its topic counts only
+        if the cluster's metadata lacks it, since re-creating one that exists resets its
+        log on Tansu. When the metadata cannot be read, nothing is re-created."""
+        unknown = {t for (t, _), exc in refused if isinstance(exc, UnknownTopicOrPartitionError)}
+        unsure = {t for (t, _), exc in refused if isinstance(exc, KafkaTimeoutError)} - unknown
+        if not unsure:
+            return unknown
+        try:
+            cluster = await asyncio.wait_for(self._producer.client.fetch_all_metadata(),
+                                             METADATA_TIMEOUT_S)
+        except (KafkaError, TimeoutError) as exc:
+            log.info("kafka_topic_check_failed", error=repr(exc))
+            return unknown
+        return unknown | (unsure - set(cluster.topics()))
+
     async def _send(self, todo: Sequence[tuple[str, OutboundMessage]], attempt: int
                     ) -> list[tuple[tuple[str, OutboundMessage], BaseException]]:
         """Send every message; returns those the broker refused, with why. From the
         second attempt on, each goes to another partition than the key's."""
         sent: list[Any] = []  # a future, or the error send() itself raised
+        spreads: dict[str, list[int]] = {}  # partitions per topic, looked up once per attempt
         for topic, m in todo:
             try:
                 partition = None
                 if attempt:
-                    spread = sorted(await self._producer.partitions_for(topic))
+                    spread = spreads.get(topic)
+                    if spread is None:
+                        spread = spreads[topic] = sorted(
+                            await self._producer.partitions_for(topic))
                     partition = spread[(zlib.crc32(m.key.encode()) + attempt) % len(spread)]
                 sent.append(await self._producer.send(
                     topic, value=m.payload, key=m.key.encode(), partition=partition,
@@ -167,7 +201,3 @@ class KafkaPublisher:
         if producer is not None:
             await producer.stop()  # flushes what is still lingering
 
-
-def _topic_missing(exc: BaseException) -> bool:
-    """The broker does not know the topic (or gave no metadata for it in time)."""
-    return isinstance(exc, UnknownTopicOrPartitionError | KafkaTimeoutError)
