@@ -14,6 +14,7 @@ from torch import nn
 
 from batchfleet.connectors import open_result_store
 from batchfleet.connectors.broker import Delivery
+from batchfleet.producers import AsyncClient
 from batchfleet.schemas.envelopes import Request
 from batchfleet.schemas.errors import ComputeTimeoutError, StalledError
 from batchfleet.schemas.names import Names
@@ -21,9 +22,13 @@ from batchfleet.workers.compute import ComputeThread
 from batchfleet.workers.compute_limits import NO_HISTORY_S, ComputeLimits
 from batchfleet.workers.containment import Containment
 from batchfleet.workers.intake import Job
+from batchfleet.workers.middleware.base import Batch, Middleware
+from batchfleet.workers.middleware.defaults import default_middleware
 from batchfleet.workers.models import TensorSpec, TorchModuleHandler
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
+from batchfleet.workers.settings import WorkerSettings
+from batchfleet.workers.worker import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -119,3 +124,34 @@ async def test_a_request_implicated_before_is_quarantined_without_a_run_alone(
     assert isinstance(run.outputs[0], StalledError) and "2 times" in str(run.outputs[0])
     assert isinstance(run.outputs[1], np.ndarray | torch.Tensor)
     assert compute.stuck() == {} and contain.quarantined == 1
+
+
+class _BreaksAfterAStall(Middleware):
+    """A middleware whose ``after_compute`` raises on a contained batch."""
+
+    async def after_compute(self, batch: Batch, run: BatchRun) -> None:
+        if run.stalled:
+            raise RuntimeError("after_compute broke on a contained batch")
+
+
+async def test_a_crash_finishing_a_contained_batch_stops_the_worker(redis_url: str) -> None:
+    """Once contained, a batch's own finish that raises lets its deliveries go and stops
+    the worker (redelivery heals), as a crashed completion does, never silently (its
+    leases were refreshed for good, so no worker reclaimed them)."""
+    handler = TorchModuleHandler(MODEL, Sleeps(), input_spec=TensorSpec("float32", (2,)))
+    settings = WorkerSettings.from_url(redis_url, device="cpu", max_wait_ms=50,
+                                       compute_timeout_s=PerModel(0.5))
+    worker = Worker(settings, {MODEL: handler}, middleware=[
+        *default_middleware(settings, [MODEL]), _BreaksAfterAStall()])
+    task = asyncio.create_task(worker.async_run())
+    await asyncio.wait_for(worker.ready.wait(), 60)
+    async with AsyncClient(redis_url) as client:
+        await client.submit_many(MODEL, [np.array([HANG_S, 0.0], np.float32),
+                                         np.array([0.0, 0.0], np.float32)])
+        done, _ = await asyncio.wait({task}, timeout=20)  # liveness bound only
+    if not done:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+    assert done, "the worker went on with a contained batch's deliveries held for good"
+    with pytest.raises(RuntimeError, match="after_compute broke"):
+        task.result()
