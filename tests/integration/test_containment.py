@@ -24,6 +24,7 @@ from batchfleet.workers.containment import Containment
 from batchfleet.workers.intake import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.defaults import default_middleware
+from batchfleet.workers.middleware.stuck import StuckCompute
 from batchfleet.workers.models import TensorSpec, TorchModuleHandler
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
@@ -155,3 +156,19 @@ async def test_a_crash_finishing_a_contained_batch_stops_the_worker(redis_url: s
     assert done, "the worker went on with a contained batch's deliveries held for good"
     with pytest.raises(RuntimeError, match="after_compute broke"):
         task.result()
+
+
+async def test_a_stuck_thread_pauses_only_the_models_asked_about(redis_url: str) -> None:
+    handler = TorchModuleHandler(MODEL, Sleeps(), input_spec=TensorSpec("float32", (2,)))
+    settings = WorkerSettings.from_url(redis_url, device="cpu",
+                                       compute_timeout_s=PerModel(0.3))
+    worker = Worker(settings, {MODEL: handler})
+    stuck = StuckCompute(exit_after_s=60)
+    await stuck.on_start(worker)
+    try:
+        [lane] = worker.compute.lanes  # MODEL@default
+        assert (await worker.compute.run(lane, _jobs(HANG_S, prefix="s"))).stalled
+        assert stuck.paused_models(frozenset({MODEL, "other"})) == {MODEL}
+        assert stuck.paused_models(frozenset({"other"})) == frozenset()
+    finally:
+        worker.compute.shutdown()
