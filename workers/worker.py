@@ -325,14 +325,13 @@ class Worker(DefaultViews):
     async def _contain(self, lane: str, batch: Batch, stalled: BatchRun) -> None:
         try:
             run = await self.containment.contain(lane, batch.jobs, stalled)
+            await self._finish(batch, run)  # in the try: a crash here must not go silent
         except asyncio.CancelledError:  # grace over: let go unacked, so redelivered
             self.hooks.release([j.delivery for j in batch.jobs])
             raise
         except Exception as exc:  # let go unacked (their stall is counted) and stop
             self.hooks.release([j.delivery for j in batch.jobs])
             self._completion_crashed(exc)
-            return
-        await self._finish(batch, run)
 
     async def _note_stalls(self, request_ids: Sequence[str]) -> list[int]:
         return await self.writer.retrying("note stalls", self.store.note_stalls, request_ids)

@@ -49,7 +49,7 @@ from batchfleet.workers.middleware.shadow_thread import (
     Span,
     delayed_by,
 )
-from batchfleet.workers.models import ModelHandler
+from batchfleet.workers.models import ModelHandler, version_lane
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun, bisect_run
 
@@ -63,6 +63,9 @@ log = structlog.get_logger("batchfleet.worker")
 MAX_WAITING = 65536
 #: Unflushed comparisons kept while the store refuses them (newest kept).
 MAX_UNFLUSHED = 64
+#: Batches remembered as handed over beside a shadow forward (one cancelled at the grace
+#: period or whose containment crashed never comes back for its entry).
+MAX_HANDED = 1024
 
 
 @dataclass(slots=True)
@@ -97,8 +100,9 @@ class Shadow(Middleware):
         self._metrics = metrics
         self._thread = ShadowThread()
         self._budget = ShadowBudget(budget)
-        #: Batches handed to compute while a shadow forward ran: id(batch) -> that forward.
-        self._handed: dict[int, Span] = {}
+        #: Batches handed to compute while a shadow forward ran: id(batch) -> the batch (held,
+        #: so its id is not reused while here) and that forward; bounded (see ``_hand``).
+        self._handed: dict[int, tuple[Batch, Span]] = {}
         self._policies = policies
         self._versions = versions
         self._every_s = every_s
@@ -116,7 +120,9 @@ class Shadow(Middleware):
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
-            self._handed[id(batch)] = self._thread.current
+            self._handed[id(batch)] = (batch, self._thread.current)
+            while len(self._handed) > MAX_HANDED:  # batches that never reached after_compute
+                del self._handed[next(iter(self._handed))]
         return True
 
     async def on_dropped(self, batch: Batch) -> None:
@@ -124,7 +130,8 @@ class Shadow(Middleware):
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         model, label = batch.key.model, batch_label(batch)
-        span = self._handed.pop(id(batch), None)
+        handed = self._handed.pop(id(batch), None)
+        span = handed[1] if handed is not None and handed[0] is batch else None
         if span is not None:  # any model's batch: shadow work must delay none of them
             self._metrics.beside_shadow.labels(model).inc()
             if delayed_by(span, run.started_at):
@@ -205,7 +212,21 @@ class Shadow(Middleware):
         if handler is None:  # the shadow lives on another pool: nothing to run it on here
             self._skip(copy, "absent")
             return
-        outputs, shadow_ms = await self._thread.run(lambda: run_shadow(handler, copy.inputs))
+        # bounded like a stable batch of its lane: a shadow that hangs must not wedge the
+        # shadow thread (every later copy skipped "busy") for the worker's lifetime
+        limit = self._worker.compute.limits.limit_s(version_lane(copy.model, copy.shadow))
+        running = self._thread.run(lambda: run_shadow(handler, copy.inputs))
+        try:
+            outputs, shadow_ms = await asyncio.wait_for(asyncio.shield(running), limit)
+        except TimeoutError:
+            running.add_done_callback(_retrieve)
+            self._thread.shutdown()  # it ends once the forward returns, if ever; a daemon
+            self._thread = ShadowThread()
+            self._budget.spent(copy.model, copy.shadow, limit, time.monotonic())
+            log.warning("shadow forward past its limit: its thread is abandoned",
+                        model=copy.model, shadow=copy.shadow, limit_s=round(limit, 3))
+            self._skip(copy, "stalled")
+            return
         self._budget.spent(copy.model, copy.shadow, shadow_ms / 1000.0, time.monotonic())
         delta, m = self._delta(copy), self._metrics
         errors = 0
@@ -262,3 +283,9 @@ class Shadow(Middleware):
                          model=model, error=str(exc))
                 self._old.append((model, epoch, delta))
         del self._old[:-MAX_UNFLUSHED]
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """An abandoned shadow forward's late outcome is discarded; read it so asyncio is quiet."""
+    if not future.cancelled():
+        future.exception()

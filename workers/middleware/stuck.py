@@ -49,7 +49,7 @@ class StuckCompute(Middleware):
         return out
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
-        return frozenset(self.stuck())
+        return frozenset(self.stuck()) & models
 
     def readiness(self) -> dict[str, bool]:
         return {"compute_not_stuck": not self.stuck()}
