@@ -214,7 +214,7 @@ class Shadow(Middleware):
             return
         # bounded like a stable batch of its lane: a shadow that hangs must not wedge the
         # shadow thread (every later copy skipped "busy") for the worker's lifetime
-        limit = self._worker.compute.limits.limit_s(version_lane(copy.model, copy.shadow))
+        limit = self._ctx.compute.limits.limit_s(version_lane(copy.model, copy.shadow))
         running = self._thread.run(lambda: run_shadow(handler, copy.inputs))
         try:
             outputs, shadow_ms = await asyncio.wait_for(asyncio.shield(running), limit)
