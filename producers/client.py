@@ -9,9 +9,12 @@ callers share round trips.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +42,7 @@ from batchfleet.producers.sending import Outgoing, Sender, conflict_error, input
 from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result
 from batchfleet.schemas.errors import (
+    BatchfleetError,
     OverloadedError,
     RequestConflictError,
     RequestLostError,
@@ -454,6 +458,11 @@ class Client:
                                         daemon=True)
         self._thread.start()
         self._async = self._call(_make_async(broker, results, options))
+        # A script that never closes its client would have the interpreter destroy the loop
+        # under an open Kafka producer ("Unclosed AIOKafkaProducer", "Task was destroyed
+        # but it is pending!"): close it quietly at exit. Only a weak reference is held, so
+        # the hook never keeps a client alive.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -465,13 +474,16 @@ class Client:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Close the connections and the loop thread (``timeout_s`` bounds the close)."""
         if self._loop.is_closed():
             return
-        self._call(self._async.close())
+        asyncio.run_coroutine_threadsafe(self._async.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._loop.close()
+
 
     @property
     def client_id(self) -> str:
@@ -504,6 +516,21 @@ class Client:
                   loss_grace_s: float | None = None) -> list[Result]:
         return self._call(self._async.wait_many(request_ids, timeout,
                                                 loss_grace_s=loss_grace_s))
+
+
+#: How long the exit hook waits for a forgotten client to close before giving up on it.
+EXIT_CLOSE_S = 5.0
+
+
+def _close_at_exit(ref: weakref.ref[Client]) -> None:
+    client = ref()
+    if client is None:
+        return
+    try:
+        client.close(EXIT_CLOSE_S)
+    except (BatchfleetError, OSError, TimeoutError, RuntimeError) as exc:
+        # the interpreter is exiting: one line, never a traceback over the script's output
+        print(f"batchfleet: a Client left open did not close at exit: {exc}", file=sys.stderr)
 
 
 def _check_declared(spec: TensorSpec | None, inputs: Any) -> None:
