@@ -30,7 +30,6 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 
-from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.schemas.errors import ResultStoreError
@@ -221,12 +220,19 @@ class DeadLetterQueue:
         meanwhile is either counted and gone or kept."""
         stream = self._names.dead_letter_stream(model)
         with wrap_errors(ResultStoreError, "cannot purge the dead-letter queue"):
-            pipe = await transaction(self._redis)
-            pipe.xlen(stream)
-            pipe.unlink(stream)
-            size, _ = await pipe.execute()
+            # one script, not a MULTI: a cluster pipeline queues UNLINK as a coroutine of
+            # its own, so its transaction ran XLEN alone and the purge failed on a cluster
+            size = await self._redis.eval(PURGE_SCRIPT, 1, stream)
         return int(size)
 
+
+
+#: Count and drop one DLQ stream atomically (a single key, so it runs on a cluster too).
+PURGE_SCRIPT = """
+local size = redis.call('XLEN', KEYS[1])
+redis.call('UNLINK', KEYS[1])
+return size
+"""
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value

@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 
 from batchfleet.connectors import redis_client
+from batchfleet.connectors.cluster_plane import ClusterDeadLetterQueue
+from batchfleet.connectors.dead_letters import DeadLetter
 from batchfleet.connectors.model_registry import open_model_registry
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
 from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
@@ -296,3 +298,19 @@ async def test_status_on_a_cluster_with_a_worker_and_without(cluster_fleet: Flee
     lane = next(x for x in after["lanes"] if (x["model"], x["lane"]) == ("switch",
                                                                         "interactive"))
     assert after["workers"] == [] and (lane["depth"], lane["lag"], lane["workers"]) == (7, 7, 0)
+
+
+async def test_dlq_purge_on_a_cluster_counts_and_drops_the_stream(cluster_fleet: Fleet) -> None:
+    """`dlq purge` on a cluster: a cluster pipeline queued UNLINK apart from its MULTI, so
+    the purge failed to unpack; it is one script on one key now."""
+    names = _names(cluster_fleet)
+    redis = redis_client(cluster_fleet.broker)
+    try:
+        dlq = ClusterDeadLetterQueue(redis, names)
+        await dlq.add([DeadLetter(f"p-{n}", "demo-mlp", b"", 3, [], "retries exhausted")
+                       for n in range(5)])
+        assert await dlq.size("demo-mlp") == 5
+        assert await dlq.purge("demo-mlp") == 5
+        assert await dlq.size("demo-mlp") == 0
+    finally:
+        await redis.aclose()
