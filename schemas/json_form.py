@@ -71,3 +71,14 @@ def result_json_bytes(result: Result) -> bytes:
     """
     return json.dumps(result_to_json(result), separators=(",", ":"),
                       allow_nan=False).encode()
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth, as ``None``: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

@@ -11,7 +11,6 @@ markdown (the tables, regenerated from the JSON by ``report``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import subprocess
@@ -38,6 +37,7 @@ from batchfleet.bench.sweep import run_slo_row, run_sweep
 from batchfleet.bench.targets import evaluate
 from batchfleet.bench.tracing_cost import tracing_unset_cost
 from batchfleet.connectors.embedded_redis import find_redis_server
+from batchfleet.schemas.json_form import finite
 
 Progress = Callable[[str], None]
 
@@ -128,21 +128,11 @@ def max_other_cores(report: dict[str, Any]) -> float:
     return round(max((u.get("other", 0.0) for u in utils), default=0.0), 2)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities become null, so the JSON is strict and easy to consume."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
 
 def _save(plan: BenchPlan, report: dict[str, Any], complete: bool) -> None:
     """Write the JSON; also after each stage, so a late failure keeps what was measured."""
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    body = _finite({**report, "complete": complete})
+    body = finite({**report, "complete": complete})
     (plan.out_dir / "bench.json").write_text(json.dumps(body, indent=2) + "\n")
 
 
@@ -165,7 +155,7 @@ def rerender(json_path: Path, plot_path: Path | None) -> dict[str, Any]:
         from batchfleet.bench.plot import plot_sweep
 
         report["plot"] = str(plot_sweep(report["sweep"], plot_path, _plot_title(report)))
-    report = _finite(report)
+    report = finite(report)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     json_path.with_name("bench.md").write_text(render_markdown(report))
     return report
@@ -254,7 +244,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
     threads = plan.torch_threads or torch.get_num_threads()
     worker_env = (("OMP_NUM_THREADS", str(threads)),) if plan.torch_threads else ()
     report: dict[str, Any] = {"meta": machine_meta(plan, threads),
-                              "plan": _finite(json.loads(json.dumps(asdict(plan), default=str)))}
+                              "plan": finite(json.loads(json.dumps(asdict(plan), default=str)))}
     report["ceilings"] = {}
     for m in plan.models:
         say(f"model alone: {m.model} at batch {m.max_batch_size}, {threads} torch threads")
@@ -308,7 +298,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
     report["meta"]["max_other_cores"] = max_other_cores(report)
     report["meta"]["elapsed_s"] = round(time.monotonic() - began, 1)
     report["targets"] = [t.as_dict() for t in evaluate(report)]
-    report = _finite({**report, "complete": True})
+    report = finite({**report, "complete": True})
     _save(plan, report, complete=True)
     (plan.out_dir / "bench.md").write_text(render_markdown(report))
     say(f"wrote {plan.out_dir / 'bench.json'} and {plan.out_dir / 'bench.md'}")

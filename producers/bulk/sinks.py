@@ -11,7 +11,6 @@ points past what is on disk. The errors file is JSONL for every format
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -21,7 +20,7 @@ from batchfleet.producers.bulk.rows import Position, Row
 from batchfleet.producers.bulk.sources import Source
 from batchfleet.producers.bulk.spec import JobSpec, Tuning
 from batchfleet.schemas.envelopes import ErrorInfo, Result
-from batchfleet.schemas.json_form import tensors_to_json
+from batchfleet.schemas.json_form import finite, tensors_to_json
 from batchfleet.schemas.tensors import Tensors
 
 
@@ -71,18 +70,9 @@ def dumps(obj: dict[str, Any]) -> bytes:
     try:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
+        text = json.dumps(finite(obj), separators=(",", ":"), allow_nan=False)
     return text.encode() + b"\n"
 
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def output_record(row: Row, status: str, outputs: Tensors | None) -> dict[str, Any]:
