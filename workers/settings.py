@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from batchfleet.connectors.result_store import DEFAULT_TTL_S
 from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
 from batchfleet.workers.compute_limits import parse_limit

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from batchfleet.connectors import control_plane_for
+from batchfleet.connectors.broker import LaneLossDetection
 from batchfleet.workers.heartbeat import Heartbeat
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.retry import RetryPump
@@ -23,9 +23,11 @@ class HeartbeatLoop(Middleware):
         store = worker.store
         # Each beat also re-registers the models and records the lanes the consumer had to
         # recreate after Redis lost its data (only the Redis Streams consumer notes those).
-        self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, worker.settings.worker_id,
+        consumer = worker.consumer
+        losses = consumer.lane_losses if isinstance(consumer, LaneLossDetection) else None
+        self._heartbeat = Heartbeat(worker.plane.heartbeats, worker.settings.worker_id,
                                     worker.vitals, store=store, served=worker.served,
-                                    lane_losses=getattr(worker.consumer, "lane_losses", None))
+                                    lane_losses=losses)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._heartbeat.run()] if self._heartbeat is not None else []
@@ -48,5 +50,5 @@ class RetryPumpLoop(Middleware):
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         assert self._worker is not None
         w = self._worker
-        pump = RetryPump(control_plane_for(w.store).retry_schedule, w.publisher)
+        pump = RetryPump(w.plane.retry_schedule, w.publisher)
         return [pump.run(w.stopping)]

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from batchfleet.connectors import control_plane_for
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.names import LANES
 from batchfleet.workers.completion import Completed
@@ -73,7 +72,7 @@ class Metrics(Middleware):
     async def _sample_loop(self) -> None:
         assert self._worker is not None
         worker, guards = self._worker, self._guards
-        dlq = control_plane_for(worker.store).dead_letters
+        dlq = worker.plane.dead_letters
         while True:
             try:
                 backlog = await worker.consumer.backlog()

@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.connectors.control_plane import RolloutStats
 from batchfleet.connectors.rollout_stats import (
     ComparisonDelta,
-    RedisRolloutStats,
     compare_outputs,
-    rollout_stats_for,
 )
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.tensors import Tensors
@@ -103,7 +102,7 @@ class Shadow(Middleware):
         self._versions = versions
         self._every_s = every_s
         self._worker: Worker | None = None
-        self._stats: RedisRolloutStats | None = None
+        self._stats: RolloutStats | None = None
         self._waiting: dict[str, Copy] = {}  # request ID -> its batch's copy
         self._running: asyncio.Task[None] | None = None
         #: model -> (epoch, comparisons since the last flush); older epochs wait in _old.
@@ -112,7 +111,7 @@ class Shadow(Middleware):
 
     async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
         self._worker = worker
-        self._stats = rollout_stats_for(worker.store)
+        self._stats = worker.plane.rollout_stats
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
