@@ -9,33 +9,34 @@ import pytest
 import redis.asyncio as aioredis
 
 from batchfleet.connectors import (
-    FACTORIES,
     BrokerURL,
     ControlPlane,
     TerminalWrite,
-    control_plane_for,
+    control_plane_schemes,
     open_control_plane,
-    open_result_store,
 )
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.fleet import FleetReader
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS as R
 from batchfleet.schemas.errors import ConfigError, ResultStoreError
 from batchfleet.schemas.names import LANES, Names
+from tests.support.seams import control_plane_for, open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("cp")
 
 
 async def test_factory_picks_the_store_by_scheme(redis_url: str) -> None:
-    plane: ControlPlane = open_control_plane(redis_url, NAMES, ttl_s=60)
+    plane: ControlPlane = open_control_plane(redis_url, namespace=NAMES.prefix,
+                                             result_ttl_s=60)
     try:
         assert await plane.results.ping()
-        assert {"redis", "rediss"} <= set(FACTORIES)
+        assert plane.results.ttl_s == 60
+        assert {"redis", "rediss", "unix", "redis+cluster"} <= set(control_plane_schemes())
     finally:
         await plane.close()
-    with pytest.raises(ConfigError, match="no result store"):
-        open_control_plane("postgres://db/x", NAMES)
+    with pytest.raises(ConfigError, match="no control plane for scheme 'postgres'; installed: "):
+        open_control_plane("postgres://db/x", namespace=NAMES.prefix)
 
 
 async def test_heartbeats_are_found_without_a_scan_and_forgotten(redis_url: str) -> None:
