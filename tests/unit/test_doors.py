@@ -1,0 +1,67 @@
+"""The doors' registry: the built-in schemes are registered the way a plugin's are, and
+the doors pass one set of options whatever the scheme."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from batchfleet.connectors import (
+    BrokerURL,
+    CombinedSubmit,
+    LanePressure,
+    open_broker,
+    open_control_plane,
+    registry,
+    results_url_for,
+)
+from batchfleet.schemas.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pyproject_registers_exactly_the_built_in_table() -> None:
+    """The entry points a wheel installs and the table a stale checkout falls back on are
+    the same list, so neither can drift."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert {group: declared[group] for group in registry.BUILT_IN} == registry.BUILT_IN
+
+
+def test_every_built_in_factory_resolves() -> None:
+    for table in registry.BUILT_IN.values():
+        for target in set(table.values()):
+            module, _, attr = target.partition(":")
+            assert callable(getattr(__import__(module, fromlist=[attr]), attr)), target
+
+
+async def test_the_doors_take_one_set_of_options_whatever_the_scheme() -> None:
+    """Nothing dials here: options a backend does not use are ignored, not refused."""
+    options = {"namespace": "n", "result_ttl_s": 60, "max_connections": 4,
+               "pool_timeout_s": 1.0, "partitions": 2, "claim_idle_ms": 5,
+               "session_timeout_ms": 7, "max_stream_len": 9}
+    plane = open_control_plane("redis://localhost:1/0", **options)
+    assert plane.results.ttl_s == 60
+    await plane.close()
+    redis = open_broker("redis://localhost:1/0", **options)
+    kafka = open_broker("kafka://localhost:1", **options)  # no aiokafka import yet
+    assert isinstance(redis, CombinedSubmit) and not isinstance(kafka, CombinedSubmit)
+    publisher = redis.publisher()
+    assert isinstance(publisher, LanePressure)
+    await publisher.close()
+
+
+def test_an_unknown_scheme_names_the_installed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"no broker for scheme 'amqp'; installed: .*kafka"):
+        open_broker("amqp://h")
+    with pytest.raises(ConfigError, match=r"no control plane for scheme 'kafka'; installed: "):
+        open_control_plane("kafka://h:1")
+
+
+def test_results_default_to_the_broker_where_its_scheme_has_a_plane() -> None:
+    assert results_url_for(BrokerURL.parse("rediss://h:1/0"), None) == "rediss://h:1/0"
+    with pytest.raises(ConfigError, match="a Kafka broker needs a result store"):
+        results_url_for(BrokerURL.parse("kafka://h:1"), None)
