@@ -36,7 +36,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from batchfleet.connectors.model_registry import ModelRegistry
 from batchfleet.connectors.values import (
     Announced,
     CacheEntry,
@@ -57,6 +56,7 @@ from batchfleet.schemas.heartbeat import HeartbeatRecord
 if TYPE_CHECKING:
     from batchfleet.connectors.broker import Broker
     from batchfleet.connectors.fleet import FleetSnapshot
+    from batchfleet.connectors.model_registry import ModelRegistry
     from batchfleet.connectors.quotas import Admission, Quota
     from batchfleet.connectors.request_control import CancelReport, PurgeReport
     from batchfleet.connectors.rollout import RolloutStatus

@@ -65,3 +65,18 @@ def test_results_default_to_the_broker_where_its_scheme_has_a_plane() -> None:
     assert results_url_for(BrokerURL.parse("rediss://h:1/0"), None) == "rediss://h:1/0"
     with pytest.raises(ConfigError, match="a Kafka broker needs a result store"):
         results_url_for(BrokerURL.parse("kafka://h:1"), None)
+
+
+def test_the_protocols_import_only_the_neutral_values() -> None:
+    """``control_plane.py`` and ``broker.py`` name a seam's own values for type checking
+    only; what they import to run is ``connectors.values``, the schemas and the stdlib."""
+    import ast
+
+    for name in ("control_plane", "broker", "values", "registry"):
+        tree = ast.parse((ROOT / "connectors" / f"{name}.py").read_text())
+        runtime = [n for n in tree.body if isinstance(n, ast.ImportFrom | ast.Import)]
+        modules = {n.module for n in runtime if isinstance(n, ast.ImportFrom) and n.module}
+        ours = {m for m in modules if m.startswith("batchfleet.")}
+        assert ours <= {"batchfleet.connectors.values", "batchfleet.schemas.errors",
+                        "batchfleet.schemas.heartbeat", "batchfleet.schemas.tensors"}, name
+        assert not any(m.split(".")[0] in ("redis", "aiokafka") for m in modules), name
