@@ -22,7 +22,7 @@ class HeartbeatLoop(Middleware):
     async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
         store = worker.store
         # Each beat also re-registers the models and records the lanes the consumer had to
-        # recreate after Redis lost its data (only the Redis Streams consumer notes those).
+        # recreate after the broker lost their entries (a consumer with LaneLossDetection).
         consumer = worker.consumer
         losses = consumer.lane_losses if isinstance(consumer, LaneLossDetection) else None
         self._heartbeat = Heartbeat(worker.plane.heartbeats, worker.settings.worker_id,
