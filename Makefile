@@ -7,6 +7,9 @@ TORCH_PIN ?= torch==2.13.0
 
 .PHONY: install demo test test-fast lint readme-table clean
 
+# `batchfleet bench` is its own distribution (bench/pyproject.toml), outside the batchfleet
+# wheel. Here the editable install already imports it from batchfleet/bench/ and the bench
+# extra brings its dependencies; installing ./bench as well would shadow batchfleet.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -40,6 +40,7 @@ from batchfleet.options import (
     missing_extra,
 )
 from batchfleet.output import OutputOpt, output_format
+from batchfleet.schemas.settings import BROKER
 
 
 class _Commands(TyperGroup):
@@ -68,15 +69,17 @@ class _Commands(TyperGroup):
             sys.exit(exc.exit_code)
         except click_errors.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            fail(" ".join(exc.format_message().split()).rstrip(".") + where, exc.exit_code)
-            sys.exit(exc.exit_code)
+            message = " ".join(exc.format_message().split()).rstrip(".") + where
+            status = exc.exit_code
         except click_errors.ClickException as exc:
-            fail(" ".join(exc.format_message().split()), exc.exit_code)
-            sys.exit(exc.exit_code)
+            message, status = " ".join(exc.format_message().split()), exc.exit_code
         except typer.Abort:
-            fail("aborted", EXIT_FAILED)
-            sys.exit(EXIT_FAILED)
-        sys.exit(code if isinstance(code, int) else 0)
+            message, status = "aborted", EXIT_FAILED
+        else:
+            sys.exit(code if isinstance(code, int) else 0)
+        # printed here, not with ``fail``: that one returns the Exit a command raises
+        typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+        sys.exit(status)
 
     def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
         try:
@@ -290,8 +293,8 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
 @app.command()
 def demo(
     broker: Annotated[str | None, typer.Option(
-        "--broker", envvar="BATCHFLEET_BROKER",
-        help="Broker URL; 'kafka' starts the bundled Kafka-compatible broker. "
+        BROKER.flag, envvar=BROKER.env, metavar=BROKER.metavar,
+        help=f"{BROKER.help} 'kafka' starts the bundled Kafka-compatible broker. "
              "Default: an embedded Redis on a free port.")] = None,
     results: ResultsOpt = None,
     requests: Annotated[int, typer.Option("--requests", "-n", help="How many requests.")

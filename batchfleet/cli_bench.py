@@ -13,7 +13,7 @@ import typer
 from batchfleet.options import JsonOpt, fail
 
 if TYPE_CHECKING:
-    from batchfleet.bench.plan import BenchPlan
+    from batchfleet.bench.plan import BenchPlan, ModelPlan
 
 
 def bench(
@@ -154,7 +154,8 @@ def bench(
 
         batchfleet bench --capacity --cluster --max-requests 20000 --poll-interval-s 5
     """
-    from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, FloodPlan, full_plan, quick_plan
+    _require_bench()
+    from batchfleet.bench.plan import FloodPlan, full_plan, quick_plan
     from batchfleet.bench.report import render_markdown
     from batchfleet.bench.run import rerender, run_bench
     from batchfleet.schemas.errors import BatchfleetError
@@ -174,20 +175,8 @@ def bench(
         return
 
     plan = quick_plan(out) if quick else full_plan(out)
-    models = []
-    for name in model or list(DEFAULT_MODEL_PLANS):
-        if name not in DEFAULT_MODEL_PLANS:
-            raise fail(f"--model {name!r}: bench drives {', '.join(DEFAULT_MODEL_PLANS)}")
-        m = DEFAULT_MODEL_PLANS[name]
-        size = {"demo-mlp": mlp_batch_size, "demo-encoder": encoder_batch_size}[name]
-        if size is not None:
-            chunk = max(size, 32)
-            m = replace(m, max_batch_size=size, chunk=chunk,
-                        chunks_in_flight=max(4, min(32, m.chunk * m.chunks_in_flight // chunk)))
-        if max_wait_ms is not None:
-            m = replace(m, max_wait_ms=max_wait_ms)
-        models.append(m)
-    plan = replace(plan, models=tuple(models), transports=tuple(transport or plan.transports),
+    models = _model_plans(model, mlp_batch_size, encoder_batch_size, max_wait_ms)
+    plan = replace(plan, models=models, transports=tuple(transport or plan.transports),
                    plot_path=plot or out / "bench-sweep.png", profile=profile,
                    max_requests=max_requests, torch_threads=torch_threads,
                    redis_url=redis, kafka_url=kafka)
@@ -217,6 +206,44 @@ def bench(
     except BatchfleetError as exc:
         raise fail(str(exc), 1) from exc
     typer.echo(json.dumps(report, indent=2) if as_json else render_markdown(report))
+
+
+def _model_plans(model: list[str] | None, mlp_batch_size: int | None,
+                 encoder_batch_size: int | None, max_wait_ms: float | None
+                 ) -> tuple[ModelPlan, ...]:
+    """The models to drive, with --mlp-batch-size, --encoder-batch-size and --max-wait-ms."""
+    from batchfleet.bench.plan import DEFAULT_MODEL_PLANS
+
+    models = []
+    for name in model or list(DEFAULT_MODEL_PLANS):
+        if name not in DEFAULT_MODEL_PLANS:
+            raise fail(f"--model {name!r}: bench drives {', '.join(DEFAULT_MODEL_PLANS)}")
+        m = DEFAULT_MODEL_PLANS[name]
+        size = {"demo-mlp": mlp_batch_size, "demo-encoder": encoder_batch_size}[name]
+        if size is not None:
+            chunk = max(size, 32)
+            m = replace(m, max_batch_size=size, chunk=chunk,
+                        chunks_in_flight=max(4, min(32, m.chunk * m.chunks_in_flight // chunk)))
+        if max_wait_ms is not None:
+            m = replace(m, max_wait_ms=max_wait_ms)
+        models.append(m)
+    return tuple(models)
+
+
+#: What `batchfleet bench` says where the bench's own distribution is not installed.
+BENCH_MISSING = ("'batchfleet bench' needs the batchfleet-bench package: pip install "
+                 "batchfleet-bench (from a clone: pip install ./bench)")
+
+
+def _require_bench() -> None:
+    """One line and exit 2 where ``batchfleet.bench`` is absent: it ships outside the
+    batchfleet wheel (bench/pyproject.toml), as a missing extra would be reported."""
+    try:
+        import batchfleet.bench  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "batchfleet.bench":
+            raise
+        raise fail(BENCH_MISSING) from None
 
 
 def _load_and_rows(plan: BenchPlan, producers: int | None, broker_loop: bool, slo: bool,

@@ -24,6 +24,7 @@ from batchfleet.output import (
     output_format,
     render,
 )
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
     from batchfleet.connectors.control_plane import BulkJobStore
@@ -133,7 +134,7 @@ def run(
     part_rows: Annotated[int, typer.Option(
         help="Parquet: rows per durable checkpoint file while writing (the resume "
              "granularity; not a dataset's parts).")] = 65_536,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
                                             help="auto, json or console.")] = "auto",
     log_level: Annotated[str, typer.Option(
@@ -309,7 +310,7 @@ FIELD_COLUMNS = (Column("field"), Column("value"))
 
 @bulk_app.command()
 def status(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
-           namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+           namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt = "table",
            no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """Show one job: status, rows done, failures, files. Exit 4 if unknown.
 
@@ -363,7 +364,7 @@ def _render_sharded(job: Any, fmt: str, no_headers: bool) -> None:
 
 @bulk_app.command()
 def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
-           namespace: NamespaceOpt = "bf") -> None:
+           namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
     """Stop a job at its next checkpoint (within a second); it can be resumed later.
 
     A job run with `--shard K/N` is cancelled in every shard that has started.
@@ -396,7 +397,8 @@ def cancel(job_id: JobIdArg, broker: BrokerOpt, results: ResultsOpt = None,
 
 
 @bulk_app.command("list")
-def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+def list_(broker: BrokerOpt, results: ResultsOpt = None,
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE,
           limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
           output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
           as_json: JsonOpt = False) -> None:

@@ -32,6 +32,7 @@ from batchfleet.options import (
     open_doors,
 )
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, dump, output_format, render
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 T = TypeVar("T")
 
@@ -83,7 +84,7 @@ def cancel(
     request_ids: Annotated[list[str], typer.Argument(help="Request IDs to cancel.")],
     broker: BrokerOpt,
     results: ResultsOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     as_json: JsonOpt = False,
     output: OutputOpt = "table",
     no_headers: NoHeadersOpt = False,
@@ -138,7 +139,7 @@ def purge(
     lane: Annotated[str | None, typer.Option(
         "--lane", "-l", help="interactive or bulk (default: both).")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     as_json: JsonOpt = False,
     output: OutputOpt = "table",
     no_headers: NoHeadersOpt = False,
@@ -269,7 +270,7 @@ def check(
     stalled_after_s: Annotated[float, typer.Option(
         min=0.0, help="A lane is stalled when its oldest request is older than this and "
                       "nothing finishes.")] = 300.0,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     as_json: JsonOpt = False,
     output: OutputOpt = "table",
     no_headers: NoHeadersOpt = False,

@@ -22,6 +22,7 @@ from batchfleet.output import (
     output_format,
     render,
 )
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 T = TypeVar("T")
 
@@ -87,7 +88,7 @@ COLUMNS = (Column("request_id"), Column("model"), Column("attempts"),
 def list_(broker: BrokerOpt, models: ModelArgs = None, results: ResultsOpt = None,
           model: ModelOpt = None,
           error_type: Annotated[str | None, typer.Option(help="Only this error type.")] = None,
-          namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt = "table",
           no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """List dead-lettered requests, oldest first: every one, once per request ID and
     generation (paged, no cap). IDs are printed whole, ready for `dlq show`.
@@ -115,7 +116,7 @@ ATTEMPT_COLUMNS = (Column("attempt"), Column("type"), Column("message"), Column(
 
 @dlq_app.command()
 def show(request_id: Annotated[str, typer.Argument(help="The dead-lettered request ID.")],
-         broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+         broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = DEFAULT_NAMESPACE,
          output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
          as_json: JsonOpt = False) -> None:
     """Show one dead-lettered request and the error of every attempt. Exit 4 if it is not
@@ -158,7 +159,7 @@ def replay(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only list what would be replayed or skipped; change nothing.")]
     = False,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
     """Re-run dead-lettered requests under their own IDs (after fixing the model).
 
@@ -213,7 +214,7 @@ async def _each(run: Callable[[Selection], Awaitable[ReplayReport]],
 def purge(broker: BrokerOpt, results: ResultsOpt = None, model: ModelOpt = None,
           purge_all: Annotated[bool, typer.Option("--all", help="Every model's DLQ.")] = False,
           yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
-          namespace: NamespaceOpt = "bf") -> None:
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
     """Delete dead letters for good (their `failed` results stay).
 
     Examples:

@@ -6,115 +6,91 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from batchfleet.options import (
-    CallbackAllowNetsOpt,
-    CallbackHostsOpt,
-    CallbackSchemesOpt,
-    NamespaceOpt,
-    ResultsOpt,
-    fail,
-)
+from batchfleet.options import fail
+from batchfleet.producers.gateway.settings import GatewaySettings, ServeSettings
 from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.settings import SettingOption, build, setting_options
+from batchfleet.settings_options import command_function, config_lines, parse_given, source_of
 
-gateway_app = typer.Typer(invoke_without_command=True, rich_markup_mode="markdown")
+gateway_app = typer.Typer(rich_markup_mode="markdown")
 
-KeysFileOpt = Annotated[Path | None, typer.Option(
-    "--keys-file", envvar="BATCHFLEET_GATEWAY_KEYS_FILE",
-    help="File of API keys, one KEY_ID:SHA256HEX:MODEL1,MODEL2[:OPTIONS] per line (* = any "
-         "model; OPTIONS: scopes=admin rate=R burst=B in_flight=N).")]
-IdSecretOpt = Annotated[str | None, typer.Option(
-    "--id-secret", envvar="BATCHFLEET_GATEWAY_ID_SECRET",
-    help="HMAC key for request IDs derived from Idempotency-Key; the same on every replica. "
-         "Unset: random per process (idempotency does not survive restarts).")]
-PoolOpt = Annotated[int, typer.Option(
-    "--redis-max-connections", envvar="BATCHFLEET_GATEWAY_REDIS_MAX_CONNECTIONS",
-    help="Size of each Redis connection pool; past it, requests wait for a free connection.")]
+#: Every option of the gateway command, in --help order, from the settings declarations.
+OPTIONS: tuple[SettingOption, ...] = (*setting_options(GatewaySettings),
+                                      *setting_options(ServeSettings))
+_SERVE = frozenset(o.name for o in setting_options(ServeSettings))
+_DOC = """The HTTP gateway: submit, poll and long-poll over HTTP (docs/http-api.md).
+
+Without a subcommand it serves the API (FastAPI + uvicorn).
+
+API keys come from --keys-file and/or BATCHFLEET_GATEWAY_KEYS (entries separated by
+newlines or ';'). Make one with `batchfleet gateway hash-key`.
+
+Examples:
+
+    batchfleet gateway --broker redis://localhost:6379/0 --keys-file keys.txt --port 8080
+
+    BATCHFLEET_GATEWAY_KEYS='ci:<sha256>:demo-mlp' batchfleet gateway --broker redis://localhost:6379/0
+"""
 
 
-def _keys(keys_file: Path | None) -> str:
+def _keys(keys_file: str | None) -> str:
     text = os.environ.get("BATCHFLEET_GATEWAY_KEYS", "")
     if keys_file is not None:
-        text += "\n" + keys_file.read_text()
+        text += "\n" + Path(keys_file).read_text()
     return text
 
 
-@gateway_app.callback()
-def gateway(
-    ctx: typer.Context,
-    broker: Annotated[str | None, typer.Option(
-        "--broker", envvar="BATCHFLEET_BROKER",
-        help="redis://host:port/db or kafka://host:port[,host:port].")] = None,
-    results: ResultsOpt = None,
-    namespace: NamespaceOpt = "bf",
-    host: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_GATEWAY_HOST",
-        help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_GATEWAY_PORT", min=1, max=65535, help="Port to listen on.")] = 8080,
-    keys_file: KeysFileOpt = None,
-    max_body_bytes: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_GATEWAY_MAX_BODY_BYTES", help="Larger bodies get 413.")] = 1 << 20,
-    max_batch_items: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_GATEWAY_MAX_BATCH_ITEMS", help="Most requests per batch.")] = 1000,
-    max_wait_s: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_GATEWAY_MAX_WAIT_S", help="Longest long-poll.")] = 60.0,
-    callback_schemes: CallbackSchemesOpt = "https",
-    callback_hosts: CallbackHostsOpt = "",
-    callback_allow_nets: CallbackAllowNetsOpt = "",
-    id_secret: IdSecretOpt = None,
-    redis_max_connections: PoolOpt = 256,
-    admit_max_memory: Annotated[float, typer.Option(
-        envvar="BATCHFLEET_ADMIT_MAX_MEMORY",
-        help="Answer 503 past this fraction of Redis maxmemory (0: never).")] = 0.8,
-    admit_max_backlog: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_ADMIT_MAX_BACKLOG",
-        help="Answer 503 while a lane holds this many requests (0: no limit).")] = 0,
-    log_level: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_LOG_LEVEL",
-        help="critical, error, warning, info, debug or trace (uvicorn's levels).")] = "info",
-) -> None:
-    """The HTTP gateway: submit, poll and long-poll over HTTP (docs/http-api.md).
-
-    Without a subcommand it serves the API (FastAPI + uvicorn).
-
-    API keys come from --keys-file and/or BATCHFLEET_GATEWAY_KEYS (entries separated by
-    newlines or ';'). Make one with `batchfleet gateway hash-key`.
-
-    Examples:
-
-        batchfleet gateway --broker redis://localhost:6379/0 --keys-file keys.txt --port 8080
-
-        BATCHFLEET_GATEWAY_KEYS='ci:<sha256>:demo-mlp' batchfleet gateway --broker redis://localhost:6379/0
-    """
-    if ctx.invoked_subcommand is not None:
-        return
-    if not broker:
-        raise fail("--broker (or BATCHFLEET_BROKER) is required")
+def resolve(values: dict[str, Any], *, need_keys: bool = True
+            ) -> tuple[GatewaySettings, ServeSettings]:
+    """Settings from the options that were given (None: not given). Raises ConfigError
+    (a bad value, a missing broker) or OSError (an unreadable keys file)."""
     from batchfleet.connectors.ssrf import CallbackPolicy
     from batchfleet.connectors.urls import BrokerURL, results_url_for
-    from batchfleet.producers.gateway import GatewaySettings, KeyRing
+    from batchfleet.producers.gateway import KeyRing
+
+    parsed = parse_given(OPTIONS, values)
+    if not parsed.get("broker"):
+        raise ConfigError("--broker (or BATCHFLEET_BROKER) is required")
+    results_url_for(BrokerURL.parse(parsed["broker"]), parsed.get("results"))  # one line, exit 2
+    serve = build(ServeSettings, {k: v for k, v in parsed.items() if k in _SERVE})
+    settings = build(
+        GatewaySettings, {k: v for k, v in parsed.items() if k not in _SERVE},
+        keys=KeyRing.parse(_keys(serve.keys_file)),
+        callback_policy=CallbackPolicy.parse(serve.callback_schemes, serve.callback_hosts,
+                                             serve.callback_allow_nets))
+    return settings.validated(need_keys=need_keys), serve
+
+
+def _gateway(ctx: typer.Context, values: dict[str, Any]) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
     from batchfleet.producers.gateway.server import serve
 
+    printing = bool(values.get("print_config"))
     try:
-        results_url_for(BrokerURL.parse(broker), results)  # a bad URL: one line, exit 2
-        settings = GatewaySettings(
-            broker=broker, results=results, namespace=namespace,
-            keys=KeyRing.parse(_keys(keys_file)),
-            callback_policy=CallbackPolicy.parse(callback_schemes, callback_hosts,
-                                                 callback_allow_nets),
-            max_body_bytes=max_body_bytes, max_batch_items=max_batch_items,
-            max_wait_s=max_wait_s, id_secret=id_secret or None,
-            redis_max_connections=redis_max_connections, admit_max_memory=admit_max_memory,
-            admit_max_backlog=admit_max_backlog).validated()
+        settings, where = resolve(values, need_keys=not printing)
     except (ConfigError, OSError) as exc:
         raise fail(str(exc)) from exc
-    _check_port(host, port)
+    if printing:
+        def value_of(option: SettingOption) -> Any:
+            value = option.get(where if option.name in _SERVE else settings)
+            return "" if value is None and option.opt.show else value  # "" shows opt.show
+
+        for line in config_lines(OPTIONS, value_of, source_of(ctx)):
+            typer.echo(line)
+        typer.echo(f"keys = {len(settings.keys.keys)} configured")
+        raise typer.Exit(0)
+    _check_port(where.host, where.port)
     _access_log_to_stderr()
-    serve(settings, host, port, log_level)
+    serve(settings, where.host, where.port, where.log_level)
+
+
+gateway_app.callback(invoke_without_command=True)(
+    command_function(OPTIONS, _gateway, "gateway", _DOC))
 
 
 def _access_log_to_stderr() -> None:

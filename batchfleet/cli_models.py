@@ -37,6 +37,7 @@ from batchfleet.output import (
 )
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import Declaration, ModelRecord, TensorSpec
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 from batchfleet.schemas.validation import check_model_name
 
 T = TypeVar("T")
@@ -75,7 +76,7 @@ def declare(
     output_spec: Annotated[str | None, typer.Option(
         "--output-spec", metavar="DTYPE[SHAPE]", help="Per-request output, e.g. float32[1].")
     ] = None,
-    results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+    results: ResultsOpt = None, namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     old_output: Annotated[str | None, typer.Option(
         "--output", hidden=True, help="Deprecated spelling of --output-spec.")] = None,
 ) -> None:
@@ -102,7 +103,7 @@ def declare(
 
 @models_app.command()
 def undeclare(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
-              namespace: NamespaceOpt = "bf") -> None:
+              namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
     """Withdraw a declaration. A model no live worker serves is removed from the registry
     (submits to it are refused again); one still served stays listed, as served.
 
@@ -120,7 +121,8 @@ def undeclare(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
 
 
 @models_app.command("list")
-def list_(broker: BrokerOpt, results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+def list_(broker: BrokerOpt, results: ResultsOpt = None,
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE,
           output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
           as_json: JsonOpt = False) -> None:
     """List every model submits are accepted for: declared, served, or both.
@@ -148,7 +150,7 @@ COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versio
 
 @models_app.command()
 def show(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
-         namespace: NamespaceOpt = "bf", as_json: JsonOpt = False,
+         namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
          output: OutputOpt = "table", no_headers: NoHeadersOpt = False) -> None:
     """Show one model's registry record: versions and specs, declaration, serving workers
     with when each was last seen, rollout policy and lane shards.

@@ -31,6 +31,7 @@ from batchfleet.options import (
     fail,
 )
 from batchfleet.output import OutputOpt, dump, output_format
+from batchfleet.schemas.settings import DEFAULT_CALLBACK_SCHEMES, DEFAULT_NAMESPACE
 
 #: ``submit --wait`` and ``result``: a request still pending (README "Exit codes").
 EXIT_PENDING = 3
@@ -90,11 +91,11 @@ def submit(
     callback_url: Annotated[str | None, typer.Option(
         help="POST the result here when it is terminal (needs `batchfleet webhooks "
              "worker`); checked against the --callback-* allowlist.")] = None,
-    callback_schemes: CallbackSchemesOpt = "https",
+    callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
     wait: WaitOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
@@ -123,24 +124,33 @@ def submit(
     except ConfigError as exc:
         raise fail(str(exc)) from exc
 
+    sent: list[str] = []  # once submitted, a timeout is "pending", never "no answer"
+
+    def still_pending() -> int:  # it stays queued: say which ID to ask about later
+        rid = sent[0]
+        if fmt in ("json", "yaml"):
+            dump({"request_id": rid, "status": "pending"}, fmt)
+        typer.secho(f"request {rid} is still pending after {wait or 0:g}s; ask again with "
+                    f"`batchfleet result {rid} --wait SECONDS`", err=True)
+        return EXIT_PENDING
+
     async def go() -> int:
         async with AsyncClient(broker, results, namespace=namespace,
                                callback_policy=policy) as client:
             rid = await client.submit(model, value, request_id=request_id, priority=priority,
                                       deadline_s=deadline_s, callback_url=callback_url)
+            sent.append(rid)
             if wait is None:
                 _print({"request_id": rid}, fmt, plain=rid)
                 return 0
             try:
-                return _print_result(await client.wait(rid, wait), fmt)
-            except WaitTimeoutError:  # it stays queued: say which ID to ask about later
-                if fmt in ("json", "yaml"):
-                    dump({"request_id": rid, "status": "pending"}, fmt)
-                typer.secho(f"request {rid} is still pending after {wait:g}s; ask again with "
-                            f"`batchfleet result {rid} --wait SECONDS`", err=True)
-                return EXIT_PENDING
+                told.append(_print_result(await client.wait(rid, wait), fmt))
+            except WaitTimeoutError:
+                told.append(still_pending())
+            return told[0]
 
-    _exit_with(go, wait)
+    told: list[int] = []  # what was printed, should closing the client run out of time
+    _exit_with(go, wait, lambda: told[0] if told else still_pending() if sent else None)
 
 
 def result(
@@ -148,7 +158,7 @@ def result(
     broker: BrokerOpt,
     results: ResultsOpt = None,
     wait: WaitOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
@@ -185,10 +195,12 @@ def result(
     _exit_with(go, wait)
 
 
-def _exit_with(go: Callable[[], Coroutine[Any, Any, int]], wait: float | None) -> None:
+def _exit_with(go: Callable[[], Coroutine[Any, Any, int]], wait: float | None,
+               timed_out: Callable[[], int | None] = lambda: None) -> None:
     """Run a client coroutine, within ``wait`` (plus closing time) when given; its int is
     the exit code. Its errors are one line: 2 when refused before anything was sent
-    (``exit_code``), else 1."""
+    (``exit_code``), else 1. Past ``wait``, ``timed_out`` gives the exit code if it has
+    one (``submit``: its ID was returned, so the request is pending)."""
     from batchfleet.schemas.errors import BatchfleetError
     from batchfleet.schemas.registry import UnregisteredModelError
 
@@ -205,8 +217,11 @@ def _exit_with(go: Callable[[], Coroutine[Any, Any, int]], wait: float | None) -
     except BatchfleetError as exc:
         raise fail(*error_line(exc)) from exc
     except TimeoutError as exc:
-        raise fail(f"no answer from the broker or result store within --wait {wait:g}s: "
-                   "is Redis running? check --broker/--results", EXIT_FAILED) from exc
+        late = timed_out()
+        if late is None:
+            raise fail(f"no answer from the broker or result store within --wait {wait:g}s: "
+                       "is Redis running? check --broker/--results", EXIT_FAILED) from exc
+        code = late
     raise typer.Exit(code)
 
 

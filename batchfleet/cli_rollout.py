@@ -38,6 +38,7 @@ from batchfleet.output import (
     table,
 )
 from batchfleet.schemas.registry import GuardThresholds, RolloutPolicy
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 T = TypeVar("T")
 
@@ -97,7 +98,8 @@ def set_(
     guard_window: Annotated[int | None, typer.Option(
         help="Judge the canary only after this many of its requests.")] = None,
     why: WhyOpt = "", who: WhoOpt = None,
-    results: ResultsOpt = None, namespace: NamespaceOpt = "bf", as_json: JsonOpt = False,
+    results: ResultsOpt = None,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
     output: OutputOpt = "table",
 ) -> None:
     """Set a model's rollout policy. The versions must be ones a worker registered (once any
@@ -130,7 +132,7 @@ def set_(
 
 @rollout_app.command()
 def promote(model: ModelArg, broker: BrokerOpt, why: WhyOpt = "", who: WhoOpt = None,
-            results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+            results: ResultsOpt = None, namespace: NamespaceOpt = DEFAULT_NAMESPACE,
             as_json: JsonOpt = False, output: OutputOpt = "table") -> None:
     """Make the canary the stable version (the old stable is kept for a rollback).
 
@@ -145,7 +147,7 @@ def promote(model: ModelArg, broker: BrokerOpt, why: WhyOpt = "", who: WhoOpt = 
 
 @rollout_app.command()
 def rollback(model: ModelArg, broker: BrokerOpt, why: WhyOpt = "", who: WhoOpt = None,
-             results: ResultsOpt = None, namespace: NamespaceOpt = "bf",
+             results: ResultsOpt = None, namespace: NamespaceOpt = DEFAULT_NAMESPACE,
              as_json: JsonOpt = False, output: OutputOpt = "table") -> None:
     """Turn the canary and shadow off; with neither set, go back to the previous stable.
 
@@ -163,7 +165,8 @@ def status(
     model: ModelArg, broker: BrokerOpt,
     history: Annotated[int, typer.Option(min=0, help="How many history entries to show.")
                        ] = 20,
-    results: ResultsOpt = None, namespace: NamespaceOpt = "bf", as_json: JsonOpt = False,
+    results: ResultsOpt = None,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
     output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
 ) -> None:
     """Show the policy, its history (who, when, why) and each version's live counts, error

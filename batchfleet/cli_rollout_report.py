@@ -21,6 +21,7 @@ from batchfleet.connectors.rollout_stats import ShadowReport
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail, open_doors
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, console, dump, output_format, table
 from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 
 def report(
@@ -28,7 +29,8 @@ def report(
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Also draw the difference histogram and latency CDFs to this file "
         "(PNG, SVG or PDF; needs matplotlib: the bench extra).")] = None,
-    results: ResultsOpt = None, namespace: NamespaceOpt = "bf", as_json: JsonOpt = False,
+    results: ResultsOpt = None,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
     output: OutputOpt = "table", no_headers: NoHeadersOpt = False,
 ) -> None:
     """Compare the shadow version with stable: requests compared and skipped, max and mean

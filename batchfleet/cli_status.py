@@ -15,6 +15,7 @@ from batchfleet.connectors.control_plane import FleetReads
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
 from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, iso_times, output_format
 from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 from batchfleet.status import FleetSnapshot, render
 
 #: A snapshot that takes longer than this counts as failed (an unreachable Redis).
@@ -59,7 +60,7 @@ async def _watch(reader: FleetReads, output: str, no_headers: bool, interval: fl
 def status(
     broker: BrokerOpt,
     results: ResultsOpt = None,
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     as_json: JsonOpt = False,
     output: OutputOpt = "table",
     no_headers: NoHeadersOpt = False,

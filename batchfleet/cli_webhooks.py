@@ -18,6 +18,15 @@ from batchfleet.options import (
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, output_format, render
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
+from batchfleet.schemas.settings import (
+    DEFAULT_CALLBACK_SCHEMES,
+    DEFAULT_NAMESPACE,
+    DEFAULT_WEBHOOK_TIMEOUT_S,
+    WEBHOOK_RESULTS,
+    WEBHOOK_SECRET,
+    WEBHOOK_TIMEOUT_S,
+)
+from batchfleet.settings_options import shared_info
 
 if TYPE_CHECKING:
     from rq import Queue  # the worker extra: imported where it is used
@@ -27,10 +36,7 @@ webhooks_app = typer.Typer(
          "Examples:\n\n    batchfleet webhooks worker\n\n    batchfleet webhooks failed",
     no_args_is_help=True, rich_markup_mode="markdown")
 
-RedisOpt = Annotated[str, typer.Option(
-    "--results", envvar=["BATCHFLEET_RESULTS", "BATCHFLEET_BROKER"],
-    help="Redis holding the results and the webhook queue, redis://host:port/db. "
-         "Default: BATCHFLEET_RESULTS, else BATCHFLEET_BROKER when it is Redis.")]
+RedisOpt = Annotated[str, shared_info(WEBHOOK_RESULTS)]
 
 
 def _queue(url: str, namespace: str) -> Queue:
@@ -44,15 +50,12 @@ def _queue(url: str, namespace: str) -> Queue:
 @webhooks_app.command()
 def worker(
     results: RedisOpt,
-    namespace: NamespaceOpt = "bf",
-    secret: Annotated[str, typer.Option(
-        envvar="BATCHFLEET_WEBHOOK_SECRET", help="HMAC-SHA256 signing secret (required).",
-        show_default=False)] = "",
-    callback_schemes: CallbackSchemesOpt = "https",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    secret: Annotated[str, shared_info(WEBHOOK_SECRET, show_default=False)] = "",
+    callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
-    timeout_s: Annotated[float, typer.Option(envvar="BATCHFLEET_WEBHOOK_TIMEOUT_S",
-                                             help="Per-delivery HTTP timeout.")] = 10.0,
+    timeout_s: Annotated[float, shared_info(WEBHOOK_TIMEOUT_S)] = DEFAULT_WEBHOOK_TIMEOUT_S,
     burst: Annotated[bool, typer.Option(help="Exit when the queue is empty.")] = False,
 ) -> None:
     """Run an RQ worker (with its scheduler, which the retry backoff needs) for webhooks.
@@ -69,7 +72,7 @@ def worker(
 
     try:
         if not secret:
-            raise ConfigError("--secret / BATCHFLEET_WEBHOOK_SECRET is required")
+            raise ConfigError(f"--secret / {WEBHOOK_SECRET.env} is required")
         configure(DeliveryConfig(secret, CallbackPolicy.parse(
             callback_schemes, callback_hosts, callback_allow_nets), timeout_s))
     except ConfigError as exc:
@@ -79,7 +82,8 @@ def worker(
 
 
 @webhooks_app.command()
-def failed(results: RedisOpt, namespace: NamespaceOpt = "bf", output: OutputOpt = "table",
+def failed(results: RedisOpt,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt = "table",
            no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
     """List deliveries that ran out of retries (RQ's failed registry).
 
@@ -118,7 +122,7 @@ def replay(
     delivery_ids: Annotated[list[str] | None, typer.Argument(
         help="Delivery IDs to replay (from `webhooks failed`).")] = None,
     results: RedisOpt = "",
-    namespace: NamespaceOpt = "bf",
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     all_: Annotated[bool, typer.Option("--all", help="Replay every failed delivery.")] = False,
 ) -> None:
     """Put failed deliveries back on the queue with their full retry budget.

@@ -8,29 +8,29 @@ from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
 
 import typer
 
+from batchfleet.schemas.settings import (
+    BROKER,
+    CALLBACK_ALLOW_NETS,
+    CALLBACK_HOSTS,
+    CALLBACK_SCHEMES,
+    NAMESPACE,
+    RESULTS,
+)
+from batchfleet.settings_options import shared_info
+
 if TYPE_CHECKING:
     from batchfleet.connectors import Broker, ControlPlane
 
-BrokerOpt = Annotated[str, typer.Option(
-    "--broker", envvar="BATCHFLEET_BROKER",
-    help="redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster) "
-    "or kafka://host:port[,host:port].")]
-ResultsOpt = Annotated[str | None, typer.Option(
-    "--results", envvar="BATCHFLEET_RESULTS",
-    help="Result store, redis://host:port/db or redis+cluster://host:port[,host:port]. "
-    "Defaults to the broker's URL when it is Redis.")]
-NamespaceOpt = Annotated[str, typer.Option(
-    "--namespace", envvar="BATCHFLEET_NAMESPACE", help="Prefix of every key, stream and topic.")]
+#: The connection and callback options every hand-written command shares, generated from
+#: their one declaration in ``schemas/settings.py`` (flag, variable, help); a command's
+#: default is the declared one: ``namespace: NamespaceOpt = DEFAULT_NAMESPACE``.
+BrokerOpt = Annotated[str, shared_info(BROKER)]
+ResultsOpt = Annotated[str | None, shared_info(RESULTS)]
+NamespaceOpt = Annotated[str, shared_info(NAMESPACE)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="The same as -o json.")]
-CallbackSchemesOpt = Annotated[str, typer.Option(
-    "--callback-schemes", envvar="BATCHFLEET_CALLBACK_SCHEMES",
-    help="Allowed callback URL schemes, comma-separated.")]
-CallbackHostsOpt = Annotated[str, typer.Option(
-    "--callback-hosts", envvar="BATCHFLEET_CALLBACK_HOSTS",
-    help="Allowed callback hosts (exact or *.suffix), comma-separated; empty: any public host.")]
-CallbackAllowNetsOpt = Annotated[str, typer.Option(
-    "--callback-allow-nets", envvar="BATCHFLEET_CALLBACK_ALLOW_NETS",
-    help="Private/loopback networks callbacks may still reach, e.g. 127.0.0.0/8.")]
+CallbackSchemesOpt = Annotated[str, shared_info(CALLBACK_SCHEMES)]
+CallbackHostsOpt = Annotated[str, shared_info(CALLBACK_HOSTS)]
+CallbackAllowNetsOpt = Annotated[str, shared_info(CALLBACK_ALLOW_NETS)]
 
 #: Exit codes every command shares (README "Exit codes"); a command may add its own
 #: above these (``result``: 3 pending, 4 unknown; ``bulk run``: 3 cancelled).

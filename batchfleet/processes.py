@@ -19,7 +19,7 @@ from types import TracebackType
 
 from batchfleet.connectors.heartbeats import HeartbeatProbe
 from batchfleet.schemas.errors import BatchfleetError, ConfigError
-from batchfleet.schemas.names import Names
+from batchfleet.schemas.names import DEFAULT_NAMESPACE, Names
 
 
 class WorkerProcess:
@@ -30,7 +30,7 @@ class WorkerProcess:
         *,
         models: tuple[str, ...] = ("demo-mlp",),
         extra_args: tuple[str, ...] = (),
-        namespace: str = "bf",
+        namespace: str = DEFAULT_NAMESPACE,
         env: dict[str, str] | None = None,
         log_level: str = "info",
         keep_log: bool = True,

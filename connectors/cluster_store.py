@@ -33,6 +33,7 @@ from batchfleet.connectors.result_store import (
     COUNT_DELIVERIES_SCRIPT,
     GET_BODIES_SCRIPT,
     GET_RECORDS_SCRIPT,
+    MARK_SOLO_SCRIPT,
     PUT_PENDING_SCRIPT,
     REOPEN_SCRIPT,
     WITHDRAW_SCRIPT,
@@ -169,13 +170,8 @@ class ClusterResultStore(ResultStore):
     async def mark_solo(self, request_id: str, started: bool, attempt: int = 1) -> None:
         key = self._names.result(request_id)
         with wrap_errors(ResultStoreError, "cannot record a solo run"):
-            if started:
-                await self._redis.hincrby(key, "solo", 1)
-            else:  # one key, so a script is as atomic as the single-node MULTI
-                await self._redis.eval(
-                    "redis.call('HINCRBY', KEYS[1], 'solo', -1) "
-                    "redis.call('HSET', KEYS[1], 'deliveries', ARGV[1]) return 1",
-                    1, key, attempt)
+            await self._redis.eval(MARK_SOLO_SCRIPT, 1, key, self.ttl_s,
+                                   *([1, ""] if started else [-1, attempt]))
 
     async def reopen_for_replay(self, records: Sequence[tuple[str, bytes]]) -> list[int]:
         if not records:

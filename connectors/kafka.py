@@ -18,6 +18,12 @@ Why it looks the way it does:
 * Pausing is per model (its breaker opened): only that model's partitions are
   paused. While every one is paused, ``fetch`` keeps polling all the same: a member
   that stops polling for ``max_poll_interval_ms`` (5 min) is dropped from the group.
+* Lost logs (``connectors.kafka_loss``): a partition whose log went back (a broker
+  restarted empty, a truncation, a recreated topic) starts a new epoch, part of each
+  delivery token, so old acks never commit into the new log; its lane's loss is noted
+  in :attr:`KafkaConsumer.lane_losses` for the heartbeat to record, as on Redis, and a
+  topic gone from the broker is created again (``connectors.kafka_topics``, a background
+  task: whole-cluster metadata is never read inside ``fetch``).
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog
+from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
+from batchfleet.connectors.kafka_topics import TOPIC_CHECK_S, TopicWatch, seek_to_start
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import LANE_INTERACTIVE, LANES, Names
 
 log = structlog.get_logger("batchfleet.kafka")
+__all__ = ["TOPIC_CHECK_S", "KafkaConsumer"]
 
 
 @dataclass(slots=True)
@@ -113,6 +122,13 @@ class KafkaConsumer:
         #: Models whose partitions are paused, now and after any rebalance.
         self._paused: set[str] = set()
         self._commit_lock = asyncio.Lock()
+        self._watch = LossWatch(self._group)
+        #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
+        self.lane_losses = self._watch.lane_losses
+        self._owned: set[TopicPartition] = set()  # the last assignment
+        self._unchecked: set[TopicPartition] = set()
+        self._topic_watch: TopicWatch | None = None
+        self._topic_task: asyncio.Task[None] | None = None
 
     async def start(self, models: Sequence[str]) -> None:
         """Create every lane's topic, join the group and return once partitions are assigned."""
@@ -129,6 +145,9 @@ class KafkaConsumer:
             raise TransportError(
                 f"cannot join Kafka group {self._group!r} at {self._bootstrap}: {exc!r}"
             ) from exc
+        self._topic_watch = TopicWatch(self._bootstrap, self._topics, self._topic_spec)
+        self._topic_task = asyncio.create_task(self._topic_watch.run(consumer.topics),
+                                               name="kafka-topic-watch")
 
     @property
     def assignment(self) -> frozenset[TopicPartition]:
@@ -149,13 +168,48 @@ class KafkaConsumer:
         out: list[Delivery] = []
         if max_count < 1:
             return out
+        if self._topic_watch is not None and (gone := self._topic_watch.take()):
+            await self._topics_lost(gone)
         if interactive := [tp for tp in self._interactive if not self._is_paused(tp)]:
             out = self._deliveries(await self._getmany(interactive, max_count, 0.0))
         if len(out) < max_count:
             wait_s = 0.0 if out else timeout_s
             out.extend(self._deliveries(await self._getmany((), max_count - len(out), wait_s)))
             out.sort(key=lambda d: LANES.index(d.lane))
+        await self._check_ends()
         return out
+
+    async def _check_ends(self) -> None:
+        """Lost: a log end (the last fetch's highwater) below an offset already fetched, or
+        a newly assigned partition whose committed offset is past its log end."""
+        consumer = self._require()
+        self._watch.date_the_rest()
+        lost = [tp for tp in consumer.assignment()
+                if self._watch.end_went_back(tp, consumer.highwater(tp))]
+        for tp in [tp for tp in self._unchecked if consumer.highwater(tp) is not None]:
+            self._unchecked.discard(tp)
+            try:
+                if await consumer.position(tp) > consumer.highwater(tp):
+                    lost.append(tp)
+            except IllegalStateError:
+                pass  # no longer ours
+        for tp in lost:
+            self._watch.lost(tp, self._topics[tp.topic], None)
+            self._parts[tp] = _Partition()
+        if lost:
+            self._watch.warn((":".join(self._topics[tp.topic]) for tp in lost),
+                             "log end went back")
+            await seek_to_start(consumer, lost)
+
+    async def _topics_lost(self, gone: set[str]) -> None:
+        """Topics the watch created again: count their lanes lost, read their new logs."""
+        lanes = [self._topics[t] for t in gone]
+        self._watch.topic_lost((tp for tp in self._watch.known() if tp.topic in gone), lanes)
+        for tp in (mine := [tp for tp in self._parts if tp.topic in gone]):
+            self._parts[tp] = _Partition()
+        if mine:
+            await seek_to_start(self._require(), mine)
+        self._watch.warn((":".join(lane) for lane in lanes), "topic gone; created again")
 
     async def _getmany(
         self, tps: Sequence[TopicPartition], max_records: int, wait_s: float
@@ -172,18 +226,30 @@ class KafkaConsumer:
         return result
 
     def _deliveries(self, batches: dict[TopicPartition, list[Any]]) -> list[Delivery]:
+        """Track what was handed out; tokens are ``(partition, offset, epoch)``."""
         out: list[Delivery] = []
+        lost: list[str] = []
         for tp, records in batches.items():
             if not records:
                 continue
             model, lane = self._topics[tp.topic]
             part = self._parts.setdefault(tp, _Partition())
+            if self._watch.fetched(tp, records, first_in_assignment=part.committed is None,
+                                   next_offset=part.next_offset):
+                self._watch.lost(tp, (model, lane), records)
+                part = self._parts[tp] = _Partition()
+                lost.append(f"{model}:{lane}")
             if part.committed is None:
                 part.committed = records[0].offset  # where the group's offset already is
+                self._watch.dated(tp, records)
+            epoch = self._watch.epoch(tp)
             for rec in records:
                 part.in_flight.add(rec.offset)
-                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset)))
+                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset, epoch)))
             part.next_offset = records[-1].offset + 1
+            self._watch.note_fetched(tp, part.next_offset)
+        if lost:
+            self._watch.warn(lost, "fetch position went back")
         return out
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -193,9 +259,9 @@ class KafkaConsumer:
         """
         touched: set[TopicPartition] = set()
         for d in deliveries:
-            tp, offset = d.token
+            tp, offset, epoch = d.token
             part = self._parts.get(tp)
-            if part is not None:
+            if part is not None and epoch == self._watch.epoch(tp):  # not from a lost log
                 part.in_flight.discard(offset)
                 touched.add(tp)
         if touched:
@@ -216,6 +282,7 @@ class KafkaConsumer:
             if not targets:
                 return
             offsets = {tp: OffsetAndMetadata(off, "") for tp, off in targets.items()}
+            epochs = {tp: self._watch.epoch(tp) for tp in targets}
             try:
                 await asyncio.wait_for(consumer.commit(offsets), self._commit_timeout_s)
             except (CommitFailedError, IllegalStateError) as exc:
@@ -230,7 +297,9 @@ class KafkaConsumer:
             except KafkaError as exc:
                 raise TransportError(f"Kafka offset commit failed: {exc!r}") from exc
             for tp, off in targets.items():
-                if (part := self._parts.get(tp)) is not None:
+                self._watch.note_committed(tp, off, epochs[tp])
+                part = self._parts.get(tp)
+                if part is not None and epochs[tp] == self._watch.epoch(tp):
                     part.committed = off
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -245,6 +314,11 @@ class KafkaConsumer:
             self._interactive = []
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # What was seen of a partition someone else owned since is stale: forget it.
+        self._watch.forget(assigned - self._owned)
+        self._owned = set(assigned)
+        #: Positions not yet compared with the log end (once per assignment).
+        self._unchecked = set(assigned)
         self._parts = {tp: _Partition() for tp in assigned}
         self._interactive = sorted(
             (tp for tp in assigned if self._topics.get(tp.topic, ("", ""))[1] == LANE_INTERACTIVE),
@@ -310,6 +384,10 @@ class KafkaConsumer:
 
     async def close(self) -> None:
         """Leave the group. Acks already committed; un-acked work goes to the next owner."""
+        task, self._topic_task = self._topic_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # its cancellation is not ours to raise
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             _leave_group_at_generation_zero(consumer)

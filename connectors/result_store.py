@@ -189,13 +189,31 @@ for i, key in ipairs(KEYS) do
   if cur[1] == 'failed' or cur[1] == 'pending' then
     local gen = (tonumber(cur[2]) or 0) + 1
     redis.call('HSET', key, 'status', 'pending', 'gen', gen, 'deliveries', 0, 'solo', 0,
-      'body', ARGV[i])
+      'stalls', 0, 'body', ARGV[i])
     out[i] = gen
   else
     out[i] = -1
   end
 end
 return out
+"""
+
+
+#: One more stall of one record. A record gone (expired, or never written: a first delivery
+#: only reads) is created, so its count holds, but with the TTL (a bare HINCRBY would keep
+#: it forever). ARGV: ttl.
+NOTE_STALL_SCRIPT = """
+local n = redis.call('HINCRBY', KEYS[1], 'stalls', 1)
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return n
+"""
+
+#: ARGV: ttl, solo delta, deliveries to set ('' for none); a TTL as in NOTE_STALL_SCRIPT.
+MARK_SOLO_SCRIPT = """
+redis.call('HINCRBY', KEYS[1], 'solo', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'deliveries', ARGV[3]) end
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return 1
 """
 
 
@@ -250,6 +268,7 @@ class ResultStore:
         self._write_terminal = client.register_script(_WRITE_TERMINAL)
         self._count_deliveries = client.register_script(COUNT_DELIVERIES_SCRIPT)
         self._reopen = client.register_script(REOPEN_SCRIPT)
+        self._mark_solo = client.register_script(MARK_SOLO_SCRIPT)
         self._get_bodies = client.register_script(GET_BODIES_SCRIPT)
         self._mark_losses = client.register_script(_MARK_LANE_LOSSES)
         self._withdraw = client.register_script(WITHDRAW_SCRIPT)
@@ -328,27 +347,23 @@ class ResultStore:
         what remains counts only the runs during which the worker died. A finished solo
         run also clears the suspicion: deliveries go back to one per attempt so far."""
         key = self._names.result(request_id)
+        args = [self.ttl_s, *([1, ""] if started else [-1, attempt])]
         with wrap_errors(ResultStoreError, "cannot record a solo run"):
-            if started:
-                await self._redis.hincrby(key, "solo", 1)
-            else:
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.hincrby(key, "solo", -1)
-                pipe.hset(key, "deliveries", attempt)
-                await pipe.execute()
+            await self._mark_solo(keys=[key], args=args)
 
     async def note_stalls(self, request_ids: Sequence[str]) -> list[int]:
         """Count one more compute stall of each request durably; returns each one's count.
 
         A stall is a batch that overran its compute limit. Kept in the result record so a
         request implicated twice is quarantined whichever workers saw it stall
-        (``workers.containment``). One non-transactional pipeline: each key is its own."""
+        (``workers.containment``). One non-transactional pipeline: each key is its own.
+        A record gone is created with the store's TTL, never one that outlives it."""
         if not request_ids:
             return []
         with wrap_errors(ResultStoreError, "cannot record compute stalls"):
             pipe = self._redis.pipeline(transaction=False)
             for rid in request_ids:
-                pipe.hincrby(self._names.result(rid), "stalls", 1)
+                pipe.eval(NOTE_STALL_SCRIPT, 1, self._names.result(rid), self.ttl_s)
             return [int(n) for n in await pipe.execute()]
 
     async def reopen_for_replay(self, records: Sequence[tuple[str, bytes]]) -> list[int]:

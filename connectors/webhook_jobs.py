@@ -42,6 +42,18 @@ from batchfleet.schemas.errors import (
 )
 from batchfleet.schemas.json_form import result_json_bytes
 from batchfleet.schemas.names import Names
+from batchfleet.schemas.settings import (
+    CALLBACK_ALLOW_NETS,
+    CALLBACK_HOSTS,
+    CALLBACK_SCHEMES,
+    DEFAULT_WEBHOOK_TIMEOUT_S,
+    WEBHOOK_SECRET,
+    WEBHOOK_TIMEOUT_S,
+    build,
+    opt,
+    setting_options,
+    with_opt,
+)
 
 #: Where RQ finds the job function.
 JOB_FUNC = "batchfleet.connectors.webhook_jobs.deliver_webhook"
@@ -67,24 +79,33 @@ def signature_header(secret: str | bytes, body: bytes, timestamp: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryConfig:
-    """What a webhook worker needs that must not travel in the (pickled) job: the secret."""
+    """What a webhook worker needs that must not travel in the (pickled) job: the secret.
 
-    secret: str
-    policy: CallbackPolicy = field(default_factory=CallbackPolicy)
-    timeout_s: float = 10.0
+    Declared once (``schemas/settings.py``): ``batchfleet webhooks worker`` takes its
+    ``--secret`` and ``--timeout-s`` from the same declarations, and :meth:`from_env` reads the
+    same variables for a plain ``rq worker``."""
+
+    secret: str = field(metadata=with_opt(WEBHOOK_SECRET))
+    policy: CallbackPolicy = field(default_factory=CallbackPolicy, metadata=opt(
+        "From the --callback-* options.", internal=True))
+    timeout_s: float = field(default=DEFAULT_WEBHOOK_TIMEOUT_S,
+                             metadata=with_opt(WEBHOOK_TIMEOUT_S))
     #: How long a delivery waits for a still-pending result before leaving it to a retry.
-    pending_grace_s: float = 2.0
+    pending_grace_s: float = field(default=2.0, metadata=opt(
+        "How long a delivery waits for a pending result.", internal=True))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> DeliveryConfig:
-        secret = environ.get("BATCHFLEET_WEBHOOK_SECRET", "")
-        if not secret:
-            raise ConfigError("BATCHFLEET_WEBHOOK_SECRET is not set: webhooks are never sent "
+        """The settings from these variables (their names: the fields' declarations)."""
+        values = {o.name: o.parse(environ[o.env])
+                  for o in setting_options(DeliveryConfig) if environ.get(o.env)}
+        if not values.get("secret"):
+            raise ConfigError(f"{WEBHOOK_SECRET.env} is not set: webhooks are never sent "
                               "unsigned")
-        policy = CallbackPolicy.parse(environ.get("BATCHFLEET_CALLBACK_SCHEMES"),
-                                      environ.get("BATCHFLEET_CALLBACK_HOSTS"),
-                                      environ.get("BATCHFLEET_CALLBACK_ALLOW_NETS"))
-        return cls(secret, policy, float(environ.get("BATCHFLEET_WEBHOOK_TIMEOUT_S", "10")))
+        policy = CallbackPolicy.parse(environ.get(CALLBACK_SCHEMES.env),
+                                      environ.get(CALLBACK_HOSTS.env),
+                                      environ.get(CALLBACK_ALLOW_NETS.env))
+        return build(cls, values, policy=policy)  # type: ignore[no-any-return]
 
 
 _configured: list[DeliveryConfig] = []

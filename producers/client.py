@@ -236,7 +236,9 @@ class AsyncClient:
         gateway's idempotency check: an existing record with another one is not published.
         A ``request_id`` of the caller's is fingerprinted by model and inputs unless one is
         given: reused with others, it raises RequestConflictError and nothing is enqueued;
-        with the same ones it is an idempotent resubmit.
+        with the same ones it is an idempotent resubmit. ``fingerprint=""`` says the caller
+        made ``request_id`` itself (:func:`new_request_id`): a fresh ID cannot be reused,
+        so nothing is hashed or stored.
         Concurrent calls are coalesced into one round trip (see ``producers.coalescing``).
         """
         if callback_url is not None:
@@ -252,7 +254,7 @@ class AsyncClient:
         deadline_at = None if deadline_s is None else now + deadline_s
         if request_id and fingerprint is None:
             fingerprint = inputs_fingerprint(model, inputs)
-        ownership = Ownership(owner, fingerprint, self.client_id)
+        ownership = Ownership(owner, fingerprint or None, self.client_id)
         if self._tracer is None:
             await self._outbox.submit(Outgoing(
                 rid, template.encode(rid, now, inputs, deadline_at), template.pending(rid, now),
@@ -279,7 +281,7 @@ class AsyncClient:
     ) -> list[str]:
         """Enqueue many requests to one model, pipelined in chunks of ``SUBMIT_CHUNK``
         (``owner``, ``fingerprint``, ``version``, ``routing_key`` and ``cache`` as for
-        :meth:`submit`).
+        :meth:`submit`; ``fingerprint=""`` for ``request_ids`` the caller made itself).
 
         Raises UnknownModelError for a model no worker has ever served and nobody
         declared (unless the client was made with ``check_model=False``), rather than
@@ -294,7 +296,7 @@ class AsyncClient:
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
                                   routing_key, cache)
-        ownership = Ownership(owner, fingerprint, self.client_id)
+        ownership = Ownership(owner, fingerprint or None, self.client_id)
         tracer = self._tracer
         ids: list[str] = []
         chunk: list[Outgoing] = []

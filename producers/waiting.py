@@ -241,10 +241,6 @@ class ResultWaiter:
             for sink in self._waiters.pop(res.request_id, ()):
                 sink.deliver(res)
 
-    def _lose(self, request_ids: Sequence[str]) -> None:
-        """End every wait on these IDs."""
-        self._give_up([(rid, sink) for rid in request_ids for sink in self._waiters.get(rid, ())])
-
     def _give_up(self, lost: Sequence[tuple[str, Sink]]) -> None:
         """End the waits of these sinks on these IDs; other waits on them go on."""
         for rid, sink in lost:

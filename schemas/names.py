@@ -54,6 +54,10 @@ RESULT_TAG_TEXTS: Final = (
     "r8.43", "r9.8", "r10.13", "r11.18", "r12.21", "r13.39", "r14.3", "r15.4")
 
 
+#: The prefix of every key, stream and topic unless --namespace says otherwise.
+DEFAULT_NAMESPACE = "bf"
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     """Key and topic names under one namespace prefix.
@@ -65,7 +69,7 @@ class Names:
     (the default) are unchanged byte for byte.
     """
 
-    prefix: str = "bf"
+    prefix: str = DEFAULT_NAMESPACE
     cluster: bool = False
 
     @property

@@ -5,11 +5,13 @@ tested directly; :class:`MicroBatcher` only keeps the queues and wakes the
 compute loop. Time is ``time.monotonic()`` of arrival at this worker, never a
 wall clock from another machine.
 
-By default a group is due once its oldest has waited ``max_wait_s``. A
-:class:`ClosePolicy` (``--latency-slo-ms``: ``workers/slo.py``) replaces that with a
-due time per group, asked afresh at every look; it is given the group's oldest
-*origin* as well, the monotonic moment its request was enqueued (its ``enqueued_at``
-moved onto this worker's monotonic clock, queue time before the fetch included).
+A :class:`ClosePolicy` sets each group's due time, asked afresh at every look. The
+default, :class:`FixedWait`, makes a group due once its oldest has waited
+``max_wait_s``; an SLO policy (``--latency-slo-ms``: ``workers/slo.py``) is given the
+group's oldest *origin* as well, the monotonic moment its request was enqueued (its
+``enqueued_at`` moved onto this worker's monotonic clock, queue time before the fetch
+included). Origins are kept only for a policy other than :class:`FixedWait`, which
+never reads them, so the default path costs no more per request than it must.
 """
 
 from __future__ import annotations
@@ -46,6 +48,26 @@ class ClosePolicy(Protocol[K_contra]):
     def closed(self, key: K_contra, size: int, now: float) -> None:
         """A batch of ``size`` was taken from the group ``key`` at ``now``."""
         ...
+
+
+class FixedWait(Generic[K_contra]):
+    """The default close rule: a group is due once its oldest has waited ``max_wait_s``,
+    and a due group gives up to a full batch. It reads no origins."""
+
+    __slots__ = ("max_wait_s",)
+
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+
+    def due_at(self, key: K_contra, size: int, oldest_arrival: float, oldest_origin: float,
+               now: float) -> float:
+        return oldest_arrival + self.max_wait_s
+
+    def batch_size(self, key: K_contra, size: int, oldest_origin: float, now: float) -> int:
+        return size
+
+    def closed(self, key: K_contra, size: int, now: float) -> None:
+        pass
 
 
 def is_batch_ready(
@@ -146,9 +168,11 @@ class MicroBatcher(Generic[K, T]):
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._priority = priority
-        #: None: the fixed ``max_wait_s``. ``enqueued_at`` gives an item's wall-clock enqueue
-        #: time (for the policy's origins); ``wall_clock`` is read once per ``put``.
-        self.policy = policy
+        #: None: :class:`FixedWait` of ``max_wait_s``. ``enqueued_at`` gives an item's
+        #: wall-clock enqueue time (for the policy's origins); ``wall_clock`` is read once
+        #: per ``put``.
+        self.policy: ClosePolicy[K] = FixedWait(max_wait_s) if policy is None else policy
+        self._origins = not isinstance(self.policy, FixedWait)
         self._enqueued_at = enqueued_at
         self._wall_clock = wall_clock
         self._groups: dict[K, _Group[T]] = {}
@@ -160,7 +184,7 @@ class MicroBatcher(Generic[K, T]):
 
     def put(self, keyed_items: Iterable[tuple[K, T]]) -> None:
         now = self._clock()
-        if self.policy is not None:
+        if self._origins:
             self._put_with_origins(keyed_items, now)
             return
         for key, item in keyed_items:
@@ -191,14 +215,9 @@ class MicroBatcher(Generic[K, T]):
         """Make a waiting ``next_batch`` look again (used on shutdown)."""
         self._wakeup.set()
 
-    def _state(self) -> dict[K, tuple[int, float, int]]:
-        return {k: (len(g.items), g.items[0][0], self._priority(k))
-                for k, g in self._groups.items()}
-
     def _due(self, now: float) -> dict[K, tuple[int, float, int, float]]:
         """Each group's (size, oldest arrival, rank, due at), as the close policy sets it."""
         policy = self.policy
-        assert policy is not None
         return {k: (len(g.items), g.items[0][0], self._priority(k),
                     policy.due_at(k, len(g.items), g.items[0][0], g.origin, now))
                 for k, g in self._groups.items()}
@@ -206,31 +225,41 @@ class MicroBatcher(Generic[K, T]):
     def take_ready(self, *, flush: bool = False) -> tuple[K, list[T]] | None:
         """A ready batch now, or None. With ``flush`` any non-empty group counts as ready."""
         now = self._clock()
-        if self.policy is not None:
-            due = self._due(now)
-            key = pick_due(due, now, self.max_batch_size)
-            if key is None and flush and due:
-                key = min(due, key=lambda k: due[k][1])
-            return None if key is None else (key, self._take(key, now))
-        state = self._state()
-        key = pick_ready(state, now, self.max_batch_size, self.max_wait_s)
-        if key is None and flush and state:
-            key = min(state, key=lambda k: state[k][1])
+        key = self._pick(now, flush)
         return None if key is None else (key, self._take(key, now))
+
+    def _pick(self, now: float, flush: bool) -> K | None:
+        """:func:`pick_due` over the groups in one pass, building no table (this runs at
+        every look); with ``flush`` and none due, the group with the oldest arrival."""
+        due_at, rank_of, max_size = self.policy.due_at, self._priority, self.max_batch_size
+        best: tuple[int, float] | None = None
+        chosen: K | None = None
+        oldest_key: K | None = None
+        oldest_at = math.inf
+        for key, group in self._groups.items():
+            size, oldest = len(group.items), group.items[0][0]
+            due = due_at(key, size, oldest, group.origin, now)  # asked of every group
+            if size >= max_size or now >= due:
+                rank = rank_of(key)
+                if best is None or (rank, oldest) < best:
+                    best, chosen = (rank, oldest), key
+            elif oldest < oldest_at:
+                oldest_key, oldest_at = key, oldest
+        if chosen is None and flush:
+            return oldest_key
+        return chosen
 
     def _take(self, key: K, now: float) -> list[T]:
         group = self._groups[key]
-        n = min(self.max_batch_size, len(group.items))
-        if self.policy is not None:
-            n = max(1, min(n, self.policy.batch_size(key, len(group.items), group.origin, now)))
+        policy, size = self.policy, len(group.items)
+        n = max(1, min(self.max_batch_size, size, policy.batch_size(key, size, group.origin, now)))
         batch = [group.items.popleft()[1] for _ in range(n)]
         if not group.items:
             del self._groups[key]
-        elif self.policy is not None:
+        elif self._origins:
             self._reset_origin(group)
         self._count -= n
-        if self.policy is not None:
-            self.policy.closed(key, n, now)
+        policy.closed(key, n, now)
         return batch
 
     def _reset_origin(self, group: _Group[T]) -> None:
@@ -247,11 +276,8 @@ class MicroBatcher(Generic[K, T]):
     def seconds_until_next_due(self) -> float:
         """Seconds until the earliest group is due: 0 when one is, inf when there is none."""
         now = self._clock()
-        if self.policy is not None:
-            return min((max(0.0, 0.0 if size >= self.max_batch_size else due - now)
-                        for size, _, _, due in self._due(now).values()), default=math.inf)
-        return min((seconds_until_due(g.items[0][0], now, self.max_wait_s)
-                    for g in self._groups.values()), default=math.inf)
+        return min((max(0.0, 0.0 if size >= self.max_batch_size else due - now)
+                    for size, _, _, due in self._due(now).values()), default=math.inf)
 
     async def next_batch(self, stop: asyncio.Event | None = None) -> tuple[K, list[T]] | None:
         """Wait for a ready batch. Once ``stop`` is set, flush what is left, then return None."""

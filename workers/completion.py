@@ -1,4 +1,10 @@
-"""Finishing a batch: settle its failures, write its terminal results, then ack.
+"""Finishing a batch: build its answers, settle its failures, write its terminal results,
+then ack.
+
+Every answer is built here: from a batch's outputs (:func:`answers_from_run`), for
+requests whose deadline passed while they waited (:func:`split_expired`), and for a
+request refused without compute (:func:`answer_without_compute`: intake's refusals, the
+failure policies' terminal failures, middleware that answer early).
 
 This is the one path where losing work is possible, so it is strict:
 failures go through the failure policy (retry schedule, DLQ) first, results
@@ -22,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
@@ -32,18 +38,82 @@ from batchfleet.connectors.values import TerminalWrite, Undecodable
 from batchfleet.schemas.envelopes import (
     MAX_EXACT_INT,
     ErrorInfo,
+    Request,
+    Result,
     lua_exact_generation,
 )
 from batchfleet.schemas.errors import ResultStoreError, TransportError
 from batchfleet.schemas.result_template import encode_results
 from batchfleet.workers.backoff import compute_backoff
-from batchfleet.workers.failures import Disposition, FailurePolicy
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.jobs import Answer, Disposition, Job
+
+if TYPE_CHECKING:
+    from batchfleet.workers.failures import FailurePolicy
+    from batchfleet.workers.runner import BatchRun
 
 log = structlog.get_logger("batchfleet.completion")
 
 A = TypeVar("A")
 R = TypeVar("R")
+
+
+EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
+
+
+def answer_without_compute(
+    delivery: Delivery, request: Request, status: str, error: ErrorInfo, now: float,
+    model_version: str = "",
+) -> Answer:
+    result = Result(
+        request_id=request.request_id, status=status,  # type: ignore[arg-type]
+        error=error, model=request.model, model_version=model_version, attempts=request.attempt,
+        enqueued_at=request.enqueued_at, finished_at=now, generation=request.generation,
+        queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
+        owner=request.owner,
+    )
+    return Answer(delivery, result, request.notify, request.generation, request.callback_url,
+                  request.notify_format)
+
+
+def answers_from_run(
+    model: str, version: str, jobs: Sequence[Job], run: BatchRun
+) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
+    """Succeeded answers for the outputs, and (job, error) pairs for the failure policy."""
+    # One object per batch-wide field: the result template recognises a batch by identity.
+    started_at, compute_ms, size = run.started_at, run.compute_s * 1000.0, len(jobs)
+    finished_at = started_at + run.compute_s
+    answers: list[Answer] = []
+    failed: list[tuple[Job, ErrorInfo]] = []
+    for job, output in zip(jobs, run.outputs, strict=True):
+        req = job.request
+        job.model_version = version
+        if isinstance(output, BaseException):
+            failed.append((job, ErrorInfo.from_exception(output)))
+            continue
+        # positional, in field order: this runs once per request
+        result = Result(
+            req.request_id, "succeeded", output, None, model, version, req.attempt,
+            req.enqueued_at, started_at, finished_at,
+            max(0.0, (started_at - req.enqueued_at) * 1000.0), compute_ms, size,
+            req.generation, {}, req.owner,
+        )
+        answers.append(Answer(job.delivery, result, req.notify, req.generation,
+                              req.callback_url, req.notify_format))
+    return answers, failed
+
+
+def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answer]]:
+    """Drop jobs whose deadline passed while they waited in the batcher: they are never run."""
+    live: list[Job] = []
+    expired: list[Answer] = []
+    for job in jobs:
+        deadline = job.request.deadline_at
+        if deadline is not None and deadline <= now:
+            expired.append(answer_without_compute(job.delivery, job.request, "expired",
+                                                  EXPIRED, now))
+        else:
+            live.append(job)
+    return live, expired
 
 
 @dataclass(slots=True)
@@ -89,18 +159,36 @@ def storable(answer: Answer) -> Answer:
     return replace(answer, generation=gen, result=replace(answer.result, generation=gen))
 
 
-class CallbackSink(Protocol):
-    """Takes terminal answers that carry a ``callback_url`` (webhook delivery). Must be
-    idempotent per (request ID, generation) and raise ResultStoreError when it cannot
-    enqueue, so the write path retries instead of losing the callback."""
+class WriteHooks(Protocol):
+    """What the write path tells the rest of the worker, through one object (the worker
+    passes its middleware ``Chain``)."""
 
-    async def enqueue(self, answers: Sequence[Answer]) -> None: ...
+    async def before_write(self, answers: Sequence[Answer]) -> None:
+        """Terminal answers that carry a ``callback_url`` (webhook delivery), before their
+        write. Must be idempotent per (request ID, generation) and raise ResultStoreError
+        when it cannot take them, so the write path retries instead of losing a callback."""
+        ...
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """These deliveries are acked or let go (the worker's leases stop holding them)."""
+        ...
+
+    def on_store(self, ok: bool) -> None:
+        """A result-store call on the write path succeeded or failed (the store breaker)."""
+        ...
 
 
-class Releaser(Protocol):
-    """Told which deliveries are acked or let go (the worker's leases stop holding them)."""
+class NoWriteHooks:
+    """:class:`WriteHooks` that do nothing (a writer used on its own)."""
 
-    def release(self, deliveries: Sequence[Delivery]) -> None: ...
+    async def before_write(self, answers: Sequence[Answer]) -> None:
+        pass
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        pass
+
+    def on_store(self, ok: bool) -> None:
+        pass
 
 
 class ResultWriter:
@@ -111,9 +199,7 @@ class ResultWriter:
         dead_letters: UndecodableLetters,
         policy: FailurePolicy,
         *,
-        callbacks: CallbackSink | None = None,
-        leases: Releaser | None = None,
-        on_store: Callable[[bool], None] = lambda ok: None,
+        hooks: WriteHooks | None = None,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 2.0,
     ) -> None:
@@ -121,9 +207,7 @@ class ResultWriter:
         self._consumer = consumer
         self._dead_letters = dead_letters
         self._policy = policy
-        self._callbacks = callbacks
-        self._leases = leases
-        self._on_store = on_store
+        self._hooks: WriteHooks = NoWriteHooks() if hooks is None else hooks
         self._base = retry_base_s
         self._cap = retry_cap_s
 
@@ -151,11 +235,11 @@ class ResultWriter:
             for a, body in zip(all_answers, bodies, strict=True)
         ]
         hooked = [a for a in all_answers if a.callback_url]
-        if hooked and self._callbacks is not None:
+        if hooked:
             # Before the write, so a crash in between cannot lose a webhook. The sink is
             # idempotent per (request, generation) and delivers the result *stored* by then,
             # so a duplicate or a losing write never sends a second or a wrong result.
-            await self.retrying("enqueue webhooks", self._callbacks.enqueue, hooked)
+            await self.retrying("enqueue webhooks", self._hooks.before_write, hooked)
         won = await self.retrying("write results", self._store.write_terminal, writes)
         to_ack, refused = ack_plan(all_answers, won, settled.rescheduled, settled.superseded)
         if refused:
@@ -188,8 +272,7 @@ class ResultWriter:
         self._release(deliveries)
 
     def _release(self, deliveries: Sequence[Delivery]) -> None:
-        if self._leases is not None:
-            self._leases.release(deliveries)
+        self._hooks.release(deliveries)
 
     async def retrying(self, what: str, call: Callable[[A], Awaitable[R]], arg: A) -> R:
         """Call until it succeeds, with backoff: on these paths giving up would lose work."""
@@ -200,11 +283,11 @@ class ResultWriter:
                 result = await call(arg)
             except (ResultStoreError, TransportError) as exc:
                 if isinstance(exc, ResultStoreError):
-                    self._on_store(False)
+                    self._hooks.on_store(False)
                 delay = compute_backoff(attempt, base_s=self._base, cap_s=self._cap)
                 log.warning("retrying after failure", stage=what, attempt=attempt,
                             error=str(exc), retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
                 continue
-            self._on_store(True)
+            self._hooks.on_store(True)
             return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -27,7 +28,7 @@ import torch
 
 from batchfleet.schemas.errors import ComputeTimeoutError
 from batchfleet.workers.compute_limits import ComputeLimits
-from batchfleet.workers.intake import Job
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.runner import BatchRun, ModelRunner
 
@@ -80,6 +81,8 @@ class ComputeThread:
             self.computing = ("", 0)
         if run.stalled:
             self._executor = _pool()
+        else:  # batch times only: one-row aside runs would pull the limit towards them
+            self.limits.record(model, run.compute_s)
         return run
 
     async def run_aside(self, model: str, jobs: Sequence[Job]) -> BatchRun:
@@ -94,20 +97,32 @@ class ComputeThread:
     async def _run(self, executor: ThreadPoolExecutor, model: str,
                    jobs: Sequence[Job]) -> BatchRun:
         limit = self.limits.limit_s(model)
-        future = asyncio.get_running_loop().run_in_executor(
-            executor, self._runner.run, model, [j.request.inputs for j in jobs])
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+        inputs = [j.request.inputs for j in jobs]
+
+        def forward() -> BatchRun:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(_settle, started)
+            return self._runner.run(model, inputs)
+
+        future = loop.run_in_executor(executor, forward)
         try:
+            # the limit runs from when the thread takes the batch, not from submit: a batch
+            # queued behind another is not charged for that wait (nor for a hang ahead of
+            # it, past one more limit)
+            await asyncio.wait_for(started, limit)
             # shielded: the future stays ours, and says when an abandoned thread returns
             run = await asyncio.wait_for(asyncio.shield(future), limit)
         except TimeoutError:
-            executor.shutdown(wait=False)  # its thread exits once the forward returns
+            # its thread exits once the forward returns; a batch never taken is dropped
+            executor.shutdown(wait=False, cancel_futures=True)
             future.add_done_callback(_retrieve)
             self._stuck.append(Stuck(model, time.monotonic(), future))
             log.warning("compute stalled: batch past its limit; its thread is abandoned",
                         model=model, size=len(jobs), limit_s=round(limit, 3))
             error = ComputeTimeoutError(f"batch of {len(jobs)} took longer than {limit:g}s")
             return BatchRun([error] * len(jobs), time.time() - limit, limit, 1, stalled=True)
-        self.limits.record(model, run.compute_s)
         return run
 
     def stuck(self) -> dict[str, float]:
@@ -123,6 +138,11 @@ class ComputeThread:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._aside is not None:
             self._aside.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(started: asyncio.Future[None]) -> None:
+    if not started.done():
+        started.set_result(None)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -7,13 +7,17 @@ the main thread serves other batches. Alone, a request either answers or stalls
 again; stalling alone after being implicated before (here or on another worker
 that died before it could finish this) is ``STALLS_TO_QUARANTINE`` stalls: it is
 quarantined (``failed``, dead-lettered as ``stalled``) on this worker, never handed
-on to hang another. Once one request stalled alone, the rest are not run here: they
-fail retryably and are retried later, so a model that hangs on everything costs two
-limits per batch, not one per request.
+on to hang another. A request whose stall count already reaches it when its batch
+stalls is quarantined straight away, not run alone again (that would cost a limit
+more). Containments run one at a time: they share the one aside thread. Once one
+request stalled alone, the rest are not run here: they fail retryably and are
+retried later, so a model that hangs on everything costs two limits per batch, not
+one per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
@@ -21,7 +25,7 @@ import structlog
 from batchfleet.schemas.errors import BatchfleetError, ComputeTimeoutError, StalledError
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.compute import ComputeThread
-from batchfleet.workers.intake import Job
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.runner import BatchRun
 
 log = structlog.get_logger("batchfleet.worker")
@@ -38,9 +42,16 @@ class Containment:
         self._note = note_stalls
         #: Requests quarantined as stalled, since start (the final log line shows it).
         self.quarantined = 0
+        #: One containment at a time: they share the one aside thread, and a request
+        #: queued there behind another's hang must not be charged for it.
+        self._one = asyncio.Lock()
 
     async def contain(self, lane: str, jobs: Sequence[Job], stalled: BatchRun) -> BatchRun:
         """The stalled batch's outcome after splitting it into single requests."""
+        async with self._one:
+            return await self._contain(lane, jobs, stalled)
+
+    async def _contain(self, lane: str, jobs: Sequence[Job], stalled: BatchRun) -> BatchRun:
         counts = await self._note([j.request.request_id for j in jobs])
         outputs: list[Tensors | BatchfleetError] = list(stalled.outputs)
         compute_s, forwards, pinned = stalled.compute_s, stalled.forwards, False
@@ -50,9 +61,8 @@ class Containment:
                     "not run: it shared a batch past its compute limit with a request that "
                     "stalled again alone; retried")
                 continue
-            if len(jobs) == 1 and count >= STALLS_TO_QUARANTINE:
-                outputs[i] = self._quarantine(lane, job, count)  # it was alone already
-                pinned = True
+            if count >= STALLS_TO_QUARANTINE:  # implicated before: not worth a limit more
+                outputs[i] = self._quarantine(lane, job, count)
                 continue
             alone = await self._compute.run_aside(lane, [job])
             compute_s, forwards = compute_s + alone.compute_s, forwards + alone.forwards

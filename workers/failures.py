@@ -14,22 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from batchfleet.connectors.broker import Delivery
 from batchfleet.schemas.envelopes import ErrorInfo
-from batchfleet.workers.intake import Answer, Job, answer_without_compute
+from batchfleet.workers.completion import answer_without_compute
+from batchfleet.workers.jobs import Disposition, Job
 
-
-@dataclass(slots=True)
-class Disposition:
-    answers: list[Answer] = field(default_factory=list)
-    rescheduled: list[Delivery] = field(default_factory=list)
-    #: (model, lane) of each request sent to the DLQ.
-    dead_lettered: list[tuple[str, str]] = field(default_factory=list)
-    #: Copies dropped because their request is at a newer generation or already finished.
-    superseded: list[Delivery] = field(default_factory=list)
+__all__ = ["Disposition", "FailFast", "FailurePolicy"]
 
 
 class FailurePolicy(Protocol):

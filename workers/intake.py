@@ -1,10 +1,11 @@
-"""Turning a fetched batch of deliveries into jobs, or into answers that need no compute.
+"""Decoding a fetched batch of deliveries into jobs, or into refusals that need no compute.
 
 Everything that can be decided before the model runs is decided here, for a
 whole batch at once: broken bytes, wrong dtype or shape, an unknown model and
 a passed deadline, and input outside the model's domain (its handler's
-``validate`` hook). Each becomes a terminal answer that explains it; only
-valid, live requests go on to the batcher.
+``validate`` hook). Each becomes a terminal answer that explains it (made by
+``workers.completion``, where every answer is built); only valid, live requests
+go on to the batcher. This module only decodes: the worker visits it once per fetch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from batchfleet.schemas.envelopes import (
     ErrorInfo,
     Limits,
     Request,
-    Result,
     decode_request_header,
     lua_exact_generation,
     notify_format_of,
@@ -31,6 +31,8 @@ from batchfleet.schemas.envelopes import (
 from batchfleet.schemas.errors import DecodeError, SchemaError, UnknownModelError, ValidationError
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.schemas.validation import check_notify
+from batchfleet.workers.completion import EXPIRED, answer_without_compute
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.models.handler import (
     ModelHandler,
     call_validate_hook,
@@ -38,37 +40,6 @@ from batchfleet.workers.models.handler import (
     validate_hook,
     validate_request,
 )
-from batchfleet.workers.runner import BatchRun
-
-EXPIRED = ErrorInfo("deadline_exceeded", "the request's deadline passed before it was computed")
-
-
-@dataclass(slots=True)
-class Job:
-    """A valid request waiting for compute, with the delivery it must ack."""
-
-    delivery: Delivery
-    request: Request
-    #: Set once computed, so even a failure's result names the model version that failed.
-    model_version: str = ""
-    #: A suspect (redelivered after its worker died): it runs in a batch of its own.
-    solo: bool = False
-    #: The version label routing chose ("": the model's first version on this worker).
-    version: str = ""
-
-
-@dataclass(slots=True)
-class Answer:
-    """A terminal result for a delivery, ready to be written and acked."""
-
-    delivery: Delivery
-    result: Result
-    notify: str | None = None
-    generation: int = 0
-    #: Where the caller wants the terminal result delivered (a webhook), if anywhere.
-    callback_url: str | None = None
-    #: How the announcement on ``notify``'s channel is framed (``Request.notify_format``).
-    notify_format: str | None = None
 
 
 @dataclass(slots=True)
@@ -80,21 +51,6 @@ class Intake:
     failed: list[tuple[Job, ErrorInfo]] = field(default_factory=list)
     #: Deliveries to ack without a result: already terminal, or superseded by a replay.
     finished: list[Delivery] = field(default_factory=list)
-
-
-def answer_without_compute(
-    delivery: Delivery, request: Request, status: str, error: ErrorInfo, now: float,
-    model_version: str = "",
-) -> Answer:
-    result = Result(
-        request_id=request.request_id, status=status,  # type: ignore[arg-type]
-        error=error, model=request.model, model_version=model_version, attempts=request.attempt,
-        enqueued_at=request.enqueued_at, finished_at=now, generation=request.generation,
-        queue_ms=max(0.0, (now - request.enqueued_at) * 1000.0) if request.enqueued_at else None,
-        owner=request.owner,
-    )
-    return Answer(delivery, result, request.notify, request.generation, request.callback_url,
-                  request.notify_format)
 
 
 def decode_deliveries(
@@ -195,47 +151,6 @@ def _decode_one(delivery: Delivery, handlers: Mapping[str, ModelHandler], limits
             "failed", ErrorInfo.from_exception(exc), now))
         return
     _admit(delivery, request, now, out)
-
-
-def answers_from_run(
-    model: str, version: str, jobs: Sequence[Job], run: BatchRun
-) -> tuple[list[Answer], list[tuple[Job, ErrorInfo]]]:
-    """Succeeded answers for the outputs, and (job, error) pairs for the failure policy."""
-    # One object per batch-wide field: the result template recognises a batch by identity.
-    started_at, compute_ms, size = run.started_at, run.compute_s * 1000.0, len(jobs)
-    finished_at = started_at + run.compute_s
-    answers: list[Answer] = []
-    failed: list[tuple[Job, ErrorInfo]] = []
-    for job, output in zip(jobs, run.outputs, strict=True):
-        req = job.request
-        job.model_version = version
-        if isinstance(output, BaseException):
-            failed.append((job, ErrorInfo.from_exception(output)))
-            continue
-        # positional, in field order: this runs once per request
-        result = Result(
-            req.request_id, "succeeded", output, None, model, version, req.attempt,
-            req.enqueued_at, started_at, finished_at,
-            max(0.0, (started_at - req.enqueued_at) * 1000.0), compute_ms, size,
-            req.generation, {}, req.owner,
-        )
-        answers.append(Answer(job.delivery, result, req.notify, req.generation,
-                              req.callback_url, req.notify_format))
-    return answers, failed
-
-
-def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answer]]:
-    """Drop jobs whose deadline passed while they waited in the batcher: they are never run."""
-    live: list[Job] = []
-    expired: list[Answer] = []
-    for job in jobs:
-        deadline = job.request.deadline_at
-        if deadline is not None and deadline <= now:
-            expired.append(answer_without_compute(job.delivery, job.request, "expired",
-                                                  EXPIRED, now))
-        else:
-            live.append(job)
-    return live, expired
 
 
 def _partial_request(request_id: str, model: object, fields: Mapping[str, object]) -> Request:

@@ -121,7 +121,8 @@ class WorkerMetrics:
                                      "outputs", ["model"], buckets=_DIFF_BUCKETS, registry=r)
         self.shadow_skipped = Counter("batchfleet_shadow_batches_skipped", "Stable batches "
                                       "not shadowed (reason: budget, busy, backlog, absent, "
-                                      "stopping, overflow)", ["model", "reason"], registry=r)
+                                      "stopping, overflow, stalled)", ["model", "reason"],
+                                      registry=r)
         self.beside_shadow = Counter("batchfleet_stable_batches_beside_shadow", "Batches "
                                      "handed to compute while a shadow forward ran",
                                      ["model"], registry=r)

@@ -30,8 +30,9 @@ from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
 from batchfleet.schemas.errors import BatchfleetError, DecodeError, StalledError
 from batchfleet.workers.backoff import compute_backoff
+from batchfleet.workers.completion import answer_without_compute
 from batchfleet.workers.failures import Disposition
-from batchfleet.workers.intake import Job, answer_without_compute
+from batchfleet.workers.jobs import Job
 
 if TYPE_CHECKING:
     from batchfleet.connectors.control_plane import ControlPlane

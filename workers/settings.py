@@ -1,7 +1,9 @@
 """Worker settings: one frozen dataclass, built once at the entry point.
 
 Nothing below the CLI reads the environment. Each field is declared once, here, with
-its default and an :func:`opt` in its metadata; from those the CLI generates the
+its default and an ``opt()`` in its metadata (the machinery: ``schemas/settings.py``;
+the connection options every command shares are declared there); from those the CLI
+generates the
 ``batchfleet worker`` option, the ``BATCHFLEET_*`` variable, the ``--help`` line, the
 ``--print-config`` line and the README's configuration table, so a default is written
 nowhere else. Precedence: a flag wins over the variable, the variable over the default.
@@ -16,7 +18,7 @@ The value type picks the parser (``int``, ``float``, ``str``, ``bool``, ``X | No
 where an empty value or ``none`` means None, ``tuple[int, ...]`` as ``1,2,3``); give
 ``opt(parse=...)`` for anything else. Validate it in :meth:`WorkerSettings.validated`.
 
-**Per-model settings** (see ``workers/per_model.py``): type the field ``PerModel[T]``,
+**Per-model settings** (see ``schemas/per_model.py``): type the field ``PerModel[T]``,
 default ``PerModel(<default for every model>)``, and mark it ``opt(..., per_model=True)``::
 
     runtime: PerModel[str] = field(default=PerModel("eager"), metadata=opt(
@@ -33,56 +35,39 @@ worker does not serve are refused at start-up. Code reads
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
-import types
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from batchfleet.connectors.urls import BrokerURL, results_url_for
 from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
+from batchfleet.schemas.settings import (
+    BROKER,
+    DEFAULT_NAMESPACE,
+    ENV_PREFIX,
+    NAMESPACE,
+    RESULTS,
+    Opt,
+    SettingOption,
+    build,
+    format_value,
+    one_of,
+    opt,
+    setting_options,
+    truth,
+    type_parser,
+    with_opt,
+)
 from batchfleet.workers.compute_limits import parse_limit
-from batchfleet.workers.per_model import PerModel, parse_per_model
+from batchfleet.workers.per_model import PerModel
 
-#: Prefix of every environment variable.
-ENV_PREFIX = "BATCHFLEET_"
-_META = "batchfleet"
-
-
-@dataclass(frozen=True, slots=True)
-class Opt:
-    """How one settings field is reached from the command line and the environment."""
-
-    help: str
-    #: Defaults: ``--field-name`` and ``BATCHFLEET_FIELD_NAME`` (nested: parent's name first).
-    flag: str = ""
-    env: str = ""
-    short: str = ""
-    metavar: str = ""
-    #: A ``PerModel`` field: ``--flag VALUE`` and repeatable ``--flag MODEL[@VERSION]=VALUE``.
-    per_model: bool = False
-    #: Repeatable flag; the variable holds the values comma-separated.
-    repeat: bool = False
-    #: Shown as ``***`` by --print-config (any URL's password is redacted regardless).
-    secret: bool = False
-    #: Used only with this broker kind; its options are grouped under it in --help.
-    transport: str = ""
-    #: One string -> the value; default: chosen from the field's type.
-    parse: Callable[[str], Any] | None = None
-    #: How --help and --print-config show a default that is computed at start-up.
-    show: str = ""
-    #: The --help panel the option is listed under.
-    panel: str = ""
-
-
-def opt(help: str, **options: Any) -> dict[str, Opt]:
-    """Field metadata: ``field(default=..., metadata=opt("why it exists", ...))``."""
-    return {_META: Opt(help, **options)}
+#: The machinery lives in ``schemas/settings.py``; these names stay importable from here.
+__all__ = ["ENV_PREFIX", "KafkaSettings", "Opt", "ProcessSettings", "SettingOption",
+           "WorkerSettings", "build", "format_value", "opt", "setting_options", "type_parser"]
 
 
 def default_worker_id() -> str:
@@ -94,15 +79,6 @@ def _check_retry(spec: str) -> str:
 
     RetryConfig.parse(spec, RetryConfig())
     return spec
-
-
-def _one_of(*allowed: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}")
-        return value
-
-    return parse
 
 
 def _tolerance(value: str) -> float | None:
@@ -140,15 +116,6 @@ def _slo_ms(value: str) -> float | None:
     return ms
 
 
-def _truth(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
 @dataclass(frozen=True, slots=True)
 class KafkaSettings:
     """Settings only a Kafka broker uses (``kafka://``); a Redis worker ignores them."""
@@ -163,13 +130,9 @@ class KafkaSettings:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    broker: BrokerURL = field(metadata=opt(
-        "redis://host:port/db or kafka://host:port[,host:port].", metavar="URL",
-        parse=BrokerURL.parse, panel="Connection"))
-    results_url: str = field(metadata=opt(
-        "Result store, redis://host:port/db. Defaults to the broker's URL when it is Redis.",
-        flag="--results", env="BATCHFLEET_RESULTS", metavar="URL", show="the broker's URL",
-        panel="Connection"))
+    broker: BrokerURL = field(metadata=with_opt(BROKER, parse=BrokerURL.parse,
+                                                panel="Connection"))
+    results_url: str = field(metadata=with_opt(RESULTS, panel="Connection"))
     models: tuple[str, ...] = field(default=("demo-mlp",), metadata=opt(
         "Model to serve, repeatable: demo-mlp, demo-encoder, NAME=module:factory or "
         "NAME=path.pt; NAME@VERSION=SPEC adds a version (demo-mlp@v2=demo-mlp:seed=2).",
@@ -218,7 +181,7 @@ class WorkerSettings:
     cache_scope: PerModel[str] = field(default=PerModel("owner"), metadata=opt(
         "Who shares result-cache entries: owner (each API key / SDK owner its own) or shared "
         "(everyone: reveals what others sent; docs/cache.md).", per_model=True,
-        metavar="[MODEL[@VERSION]=]owner|shared", parse=_one_of("owner", "shared")))
+        metavar="[MODEL[@VERSION]=]owner|shared", parse=one_of("owner", "shared")))
     #: Rollout shadows (docs/rollout.md): the share of wall time each model's shadow forwards
     #: may take on their own thread (0: never; none: no limit); a batch over it is skipped.
     shadow_budget: PerModel[float | None] = field(default=PerModel(0.25), metadata=opt(
@@ -228,8 +191,8 @@ class WorkerSettings:
     #: On SIGTERM, in-flight work gets this long to finish before the worker exits anyway.
     grace_s: float = field(default=30.0, metadata=opt(
         "On SIGTERM, how long in-flight work may take to finish."))
-    namespace: str = field(default="bf", metadata=opt(
-        "Prefix of every key, stream and topic.", panel="Connection"))
+    namespace: str = field(default=DEFAULT_NAMESPACE,
+                           metadata=with_opt(NAMESPACE, panel="Connection"))
     #: Transport-specific settings: --kafka-partitions, --kafka-session-timeout-ms.
     kafka: KafkaSettings = field(default=KafkaSettings(), metadata=opt(
         "Kafka only.", transport="kafka"))
@@ -301,11 +264,11 @@ class WorkerSettings:
     runtime: PerModel[str] = field(default=PerModel("eager"), metadata=opt(
         "How a model runs: eager, compile (torch.compile, warmed per batch bucket) or onnx "
         "(ONNX Runtime). See docs/runtimes.md.", per_model=True, metavar="[MODEL=]RUNTIME",
-        parse=_one_of("eager", "compile", "onnx"), panel="Runtimes"))
+        parse=one_of("eager", "compile", "onnx"), panel="Runtimes"))
     precision: PerModel[str] = field(default=PerModel("fp32"), metadata=opt(
         "fp32, bf16 (eager/compile), fp16 (CUDA) or int8 (onnx). Part of model_version.",
         per_model=True, metavar="[MODEL=]PRECISION",
-        parse=_one_of("fp32", "bf16", "fp16", "int8"), panel="Runtimes"))
+        parse=one_of("fp32", "bf16", "fp16", "int8"), panel="Runtimes"))
     #: ``.npy`` rows the accuracy gate compares on; "" means 256 seeded random rows.
     calibration: PerModel[str] = field(default=PerModel(""), metadata=opt(
         "A .npy batch of inputs the accuracy gate compares on (default: 256 seeded rows).",
@@ -318,7 +281,7 @@ class WorkerSettings:
         show="per precision", panel="Runtimes"))
     accept_accuracy_loss: PerModel[bool] = field(default=PerModel(False), metadata=opt(
         "Start even when the accuracy gate measures a difference past the tolerance.",
-        per_model=True, metavar="[MODEL=]true|false", parse=_truth, panel="Runtimes"))
+        per_model=True, metavar="[MODEL=]true|false", parse=truth, panel="Runtimes"))
 
     @classmethod
     def from_url(cls, broker: str, results: str | None = None, **overrides: Any) -> WorkerSettings:
@@ -431,177 +394,3 @@ class ProcessSettings:
         "with 1 when the worker shares its cores (docs/performance.md). Idle OpenMP threads "
         "sleep (OMP_WAIT_POLICY=PASSIVE unless set).",
         show="torch's", panel="Process"))
-
-
-# --- the fields, as options ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SettingOption:
-    """One leaf field, seen from the command line: its names, parser and default."""
-
-    path: tuple[str, ...]
-    opt: Opt
-    type: Any
-    default: Any
-    #: The field's default factory, if it has one (then ``default`` is MISSING).
-    factory: Callable[[], Any] | None = None
-
-    @property
-    def name(self) -> str:
-        """The flat name: ``kafka_partitions``; also the click parameter's name."""
-        return "_".join(self.path)
-
-    @property
-    def flag(self) -> str:
-        return self.opt.flag or "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return self.opt.env or ENV_PREFIX + self.name.upper()
-
-    @property
-    def required(self) -> bool:
-        return self.default is MISSING and self.factory is None and not self.opt.show
-
-    @property
-    def repeatable(self) -> bool:
-        return self.opt.repeat or self.opt.per_model
-
-    @property
-    def is_flag(self) -> bool:
-        return self.type is bool
-
-    def get(self, settings: Any) -> Any:
-        for part in self.path:
-            settings = getattr(settings, part)
-        return settings
-
-    def parse(self, raw: str | tuple[str, ...]) -> Any:
-        """Values as the command line or the variable gave them -> the field's value.
-
-        Raises ``ConfigError`` naming the flag."""
-        try:
-            if self.opt.per_model:
-                return parse_per_model(raw, self._element_parser(), self.default.default,
-                                       self.flag)
-            if self.opt.repeat:
-                parse_one = self._element_parser()
-                return tuple(parse_one(v.strip()) for v in raw if v.strip())
-            return self._parser(self.type)(str(raw).strip())
-        except ValueError as exc:
-            raise ConfigError(f"{self.flag} {raw!r}: {exc}") from exc
-
-    def _element_parser(self) -> Callable[[str], Any]:
-        return self.opt.parse or self._parser(get_args(self.type)[0])
-
-    def _parser(self, kind: Any) -> Callable[[str], Any]:
-        if self.opt.parse is not None:
-            return self.opt.parse
-        return type_parser(kind)
-
-    def show_default(self, settings: Any | None = None) -> str:
-        """The default as --help shows it (and the README lists it)."""
-        if self.opt.show and (self.default is MISSING or self.default is None
-                              or self.opt.per_model):
-            return self.opt.show
-        if self.default is MISSING:
-            return ""
-        return format_value(self.default)
-
-
-def _bool(raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _number(kind: type[int] | type[float], raw: str) -> int | float:
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}") from None
-
-
-def type_parser(kind: Any) -> Callable[[str], Any]:
-    """A string parser for a settings field's type (see the module docstring)."""
-    if kind is bool:
-        return _bool
-    if kind is str:
-        return str
-    if kind in (int, float):
-        return lambda raw: _number(kind, raw)
-    args = get_args(kind)
-    if get_origin(kind) in (Union, types.UnionType) and type(None) in args:
-        inner = type_parser(next(a for a in args if a is not type(None)))
-        return lambda raw: None if raw.lower() in ("", "none") else inner(raw)
-    if get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis:
-        item = type_parser(args[0])
-        return lambda raw: tuple(item(v.strip()) for v in raw.split(",") if v.strip())
-    raise TypeError(f"no parser for settings type {kind!r}: give opt(parse=...)")
-
-
-def format_value(value: Any) -> str:
-    """A value as it would be written back on the command line or in the variable."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, BrokerURL):
-        return value.url
-    if isinstance(value, PerModel):
-        return value.describe(format_value)
-    if isinstance(value, tuple):
-        return ",".join(format_value(v) for v in value)
-    return str(value)
-
-
-@functools.cache
-def setting_options(cls: type[Any]) -> tuple[SettingOption, ...]:
-    """Every leaf field of a settings dataclass, nested ones flattened, in field order."""
-    return tuple(_walk(cls, (), ""))
-
-
-def _walk(cls: type[Any], prefix: tuple[str, ...], transport: str) -> Iterator[SettingOption]:
-    hints = get_type_hints(cls)
-    for f in fields(cls):
-        meta: Opt | None = f.metadata.get(_META)
-        if meta is None:
-            raise TypeError(f"{cls.__name__}.{f.name} has no opt(...) metadata")
-        kind = hints[f.name]
-        if _is_settings(kind):
-            yield from _walk(kind, (*prefix, f.name), meta.transport)
-            continue
-        if transport and not meta.transport:
-            meta = replace(meta, transport=transport)
-        yield SettingOption((*prefix, f.name), meta, kind, f.default, _factory(f))
-
-
-def _is_settings(kind: Any) -> bool:
-    """A nested settings dataclass (every field has an opt), not a value such as BrokerURL."""
-    return is_dataclass(kind) and all(_META in f.metadata for f in fields(kind))
-
-
-def _factory(f: Field[Any]) -> Callable[[], Any] | None:
-    return None if f.default_factory is MISSING else f.default_factory
-
-
-def build(cls: type[Any], values: dict[str, Any]) -> Any:
-    """A settings object from parsed flat values (``{"kafka_partitions": 8}``); fields not
-    in ``values`` keep their defaults."""
-    return _build(cls, (), values)
-
-
-def _build(cls: type[Any], prefix: tuple[str, ...], values: dict[str, Any]) -> Any:
-    hints = get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        path = (*prefix, f.name)
-        if _is_settings(hints[f.name]):
-            kwargs[f.name] = _build(hints[f.name], path, values)
-        elif "_".join(path) in values:
-            kwargs[f.name] = values["_".join(path)]
-    return cls(**kwargs)

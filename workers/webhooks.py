@@ -1,6 +1,7 @@
 """Webhook delivery from the worker's side: put one delivery job per finished request.
 
-``ResultWriter`` calls :meth:`RQCallbackSink.enqueue` just *before* it writes
+``ResultWriter`` calls :meth:`RQCallbackSink.enqueue` (its write hooks'
+``before_write``, through the ``Webhooks`` middleware) just *before* it writes
 a batch's results, so a crash in between cannot lose a webhook. That makes
 duplicates possible (the batch is redelivered and completed again), so the job
 ID is derived from (request ID, generation) and an existing job is never
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from batchfleet.connectors.webhook_queue import RQWebhookQueue, WebhookJob
 from batchfleet.schemas.names import Names
-from batchfleet.workers.intake import Answer
+from batchfleet.workers.jobs import Answer
 
 
 def _untraced(answer: Answer) -> None:

@@ -28,19 +28,19 @@ from batchfleet.schemas.tensors import signature
 from batchfleet.workers import aio, intake
 from batchfleet.workers import readiness as view
 from batchfleet.workers.backoff import compute_backoff
-from batchfleet.workers.batching import MicroBatcher, gather_pause_s
-from batchfleet.workers.completion import ResultWriter
+from batchfleet.workers.batching import FixedWait, MicroBatcher, gather_pause_s
+from batchfleet.workers.completion import ResultWriter, answers_from_run, split_expired
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.containment import Containment
+from batchfleet.workers.context import WorkerContext
 from batchfleet.workers.device import resolve_device
 from batchfleet.workers.failures import FailurePolicy
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
-from batchfleet.workers.middleware.routing import lanes, model_version, registry_versions
-from batchfleet.workers.middleware.slo import close_policy
-from batchfleet.workers.models import ModelHandler, load_versions, per_model, slots, version_lane
+from batchfleet.workers.models import ModelHandler, load_versions
+from batchfleet.workers.models import versions as model_versions
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
@@ -76,15 +76,18 @@ class Worker(DefaultViews):
         self.hooks = Chain(middleware if middleware is not None
                            else default_middleware(s, self.handlers))
         self.ready = asyncio.Event()
-        self.health_port: int | None = None
+        #: What middleware see of this worker (``workers.context``); made by ``async_run``.
+        self.context: WorkerContext | None = None
         self.fetch_failures = 0
         self._failure_policy = failure_policy
         self.stopping, self._fetch_done, self._room = (asyncio.Event() for _ in range(3))
         self._limits = Limits(max_message_bytes=s.max_message_bytes)
+        wait_s = s.max_wait_ms / 1000.0
         self.batcher: MicroBatcher[BatchKey, Job] = MicroBatcher(
-            s.max_batch_size, s.max_wait_ms / 1000.0, priority=lambda key: key.lane_rank,
-            policy=close_policy(self.hooks), enqueued_at=lambda job: job.request.enqueued_at)
-        self.compute = ComputeThread(slots(self.versions), resolve_device(s.device),
+            s.max_batch_size, wait_s, priority=lambda key: key.lane_rank,
+            policy=self.hooks.close_policy() or FixedWait(wait_s),
+            enqueued_at=lambda job: job.request.enqueued_at)
+        self.compute = ComputeThread(model_versions.slots(self.versions), resolve_device(s.device),
                                      ComputeLimits(s.compute_timeout_s))
         self.containment = Containment(self.compute, self._note_stalls)
         #: Stalled batches being split beside the compute loop (``workers.containment``).
@@ -124,17 +127,17 @@ class Worker(DefaultViews):
         self.consumer = broker.consumer(s.worker_id)
         self.publisher = broker.publisher()
         policy = self._failure_policy or default_policy(s, plane)
-        # the chain is the writer's webhook sink and lease releaser: it fans out to middleware
+        # the chain is the writer's write hooks: it fans out to every middleware
         self.writer = ResultWriter(store, self.consumer, plane.undecodable, policy,
-                                   callbacks=self.hooks, leases=self.hooks,
-                                   on_store=self.hooks.on_store)
+                                   hooks=self.hooks)
+        self.context = ctx = self._context(plane)
         try:
-            await self.hooks.on_start(self)
+            await self.hooks.on_start(ctx)
             warm = await aio.unless_stopped(self.stopping, self._start_up(store))
             if warm is None:  # SIGTERM during start-up: the grace period bounds that too
                 log.info("stopped during start-up", worker=s.worker_id)
                 return
-            await self.hooks.on_ready(self, warm)
+            await self.hooks.on_ready(ctx, warm)
             log.info("worker ready", worker=s.worker_id, models=list(self.handlers),
                      device=str(self.compute.device), broker=s.broker.kind,
                      warmup_s={k: round(v, 3) for k, v in warm.items()},
@@ -142,12 +145,29 @@ class Worker(DefaultViews):
             await self._run_loops()
         finally:
             try:
-                await self.hooks.on_stop(self)
+                await self.hooks.on_stop(ctx)
             finally:
                 self.compute.shutdown()
                 for closable in (self.consumer, self.publisher, plane):
                     await closable.close()
         log.info("worker stopped", worker=s.worker_id, **self.vitals())
+
+    def _context(self, plane: ControlPlane) -> WorkerContext:
+        return WorkerContext(
+            self.settings, self.versions, self.handlers, plane, plane.results, self.consumer,
+            self.publisher, self.compute, self.stopping, self._stop_with, self.in_flight,
+            lambda: len(self._completions.tasks), self.vitals, self.readiness,
+            lambda: self.containment.quarantined, self.writer, self.hooks)
+
+    @property
+    def health_port(self) -> int | None:
+        """The health endpoint's port, once bound (``--metrics-port 0`` picks a free one)."""
+        return None if self.context is None else self.context.health_port
+
+    def _stop_with(self, exit_code: int) -> None:
+        if exit_code:
+            self.exit_code = exit_code
+        self.request_stop()
 
     async def _start_up(self, store: StoreResults) -> dict[str, float]:
         """Everything that can fail at start-up, checked before "worker ready" and the first
@@ -157,13 +177,15 @@ class Worker(DefaultViews):
         if not await aio.within(store.ping(), 5.0):
             raise ResultStoreError(f"result store {s.results_url} is not answering")
         warm = await self.compute.setup()
-        await self.consumer.start(lanes(self.versions))
+        await self.consumer.start(model_versions.lanes(self.versions))
         registry, shards = self.plane.models, s.lane_shards_by_model
         self.served = ServedModels(registry, s.worker_id, self.handlers, shards)  # every beat
-        self.served.versions = registry_versions(self.versions)
+        self.served.versions = model_versions.registry_versions(self.versions)
+        assert self.context is not None
+        self.context.served = self.served
         await self.served.assert_served()
         await shard_lanes(self.consumer, shards, registry)  # and the shards that hold work
-        return per_model(warm)
+        return model_versions.per_model(warm)
 
     async def _run_loops(self) -> None:
         fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
@@ -283,7 +305,7 @@ class Worker(DefaultViews):
                 return  # held batches left now stay unacked: they are redelivered
             if batch is _IDLE:
                 continue
-            live, expired = intake.split_expired(batch.jobs, time.time())
+            live, expired = split_expired(batch.jobs, time.time())
             if expired:
                 await self._spawn_completion(expired)
             if not live:  # a held batch that expired meanwhile gives back what it took
@@ -295,7 +317,7 @@ class Worker(DefaultViews):
                 await self._spawn_completion(*batch.take_answered())
             if not go:
                 continue
-            lane = version_lane(batch.key.model, batch.key.version)
+            lane = model_versions.version_lane(batch.key.model, batch.key.version)
             run = await self.compute.run(lane, batch.jobs)
             if run.stalled:  # split beside this loop, which goes on on a fresh thread
                 task = asyncio.create_task(self._contain(lane, batch, run))
@@ -307,14 +329,13 @@ class Worker(DefaultViews):
     async def _contain(self, lane: str, batch: Batch, stalled: BatchRun) -> None:
         try:
             run = await self.containment.contain(lane, batch.jobs, stalled)
+            await self._finish(batch, run)  # in the try: a crash here must not go silent
         except asyncio.CancelledError:  # grace over: let go unacked, so redelivered
             self.hooks.release([j.delivery for j in batch.jobs])
             raise
         except Exception as exc:  # let go unacked (their stall is counted) and stop
             self.hooks.release([j.delivery for j in batch.jobs])
             self._completion_crashed(exc)
-            return
-        await self._finish(batch, run)
 
     async def _note_stalls(self, request_ids: Sequence[str]) -> list[int]:
         return await self.writer.retrying("note stalls", self.store.note_stalls, request_ids)
@@ -323,8 +344,8 @@ class Worker(DefaultViews):
         """After compute: middleware, answers from the outputs, their write and ack."""
         model, label, jobs = batch.key.model, batch.key.version, batch.jobs
         await self.hooks.after_compute(batch, run)
-        version = model_version(label, self.versions[model][label])
-        answers, failed = intake.answers_from_run(model, version, jobs, run)
+        version = model_versions.model_version(label, self.versions[model][label])
+        answers, failed = answers_from_run(model, version, jobs, run)
         more, more_failed = batch.take_answered()  # e.g. a computed row's in-batch twins
         await self._spawn_completion(answers + more, [*failed, *more_failed])
 

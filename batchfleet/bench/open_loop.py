@@ -112,10 +112,10 @@ async def offer(
             if coalesce:
                 await client.submit_many(
                     model, [inputs[(input_offset + i) % len(inputs)] for i in group],
-                    request_ids=[ids[i] for i in group])
-            else:
+                    request_ids=[ids[i] for i in group], fingerprint="")
+            else:  # fingerprint="": fresh IDs, as a caller without them would send
                 await client.submit(model, inputs[(input_offset + group[0]) % len(inputs)],
-                                    request_id=ids[group[0]])
+                                    request_id=ids[group[0]], fingerprint="")
             took = (time.time() - began) * 1000.0
             start_lag.extend((began - d) * 1000.0 for d in due)
             submit_ms.extend([took] * len(group))

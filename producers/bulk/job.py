@@ -41,6 +41,7 @@ from batchfleet.producers.bulk.window import Scorer
 from batchfleet.producers.client import AsyncClient
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import BatchfleetError, ConfigError
+from batchfleet.schemas.names import DEFAULT_NAMESPACE
 from batchfleet.schemas.registry import UnregisteredModelError
 
 log = structlog.get_logger("batchfleet.bulk")
@@ -59,7 +60,7 @@ class Endpoints:
 
     broker: str
     results: str | None = None
-    namespace: str = "bf"
+    namespace: str = DEFAULT_NAMESPACE
 
     @property
     def results_url(self) -> str:

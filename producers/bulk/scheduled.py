@@ -19,6 +19,7 @@ from batchfleet.producers.bulk.job import Endpoints, run_job
 from batchfleet.producers.bulk.progress import LogProgress
 from batchfleet.producers.bulk.report import EXIT_OK, exit_code
 from batchfleet.producers.bulk.spec import JobSpec, Tuning
+from batchfleet.schemas.names import DEFAULT_NAMESPACE
 
 
 def scheduled_day() -> date:
@@ -32,7 +33,7 @@ def scheduled_day() -> date:
 
 def run_nightly(
     *, model: str, input: str, output: str, broker: str, results: str | None = None,
-    errors: str | None = None, namespace: str = "bf", job_prefix: str = "nightly",
+    errors: str | None = None, namespace: str = DEFAULT_NAMESPACE, job_prefix: str = "nightly",
     max_failure_rate: float = 0.0, window: int = 4096, dtype: str = "auto",
     day: date | None = None,
 ) -> dict[str, Any]:

@@ -102,8 +102,9 @@ class Gateway:
         raise refusal(key, verdict, len(ids))
 
     async def enqueue(self, key: ApiKey, model: str, sub: Submission, ids: list[str],
-                      inputs: list[Any], fingerprint: str | None, response: Response) -> None:
-        """Admit, then submit owned by ``key``; a failed submit gives its slots back."""
+                      inputs: list[Any], fingerprint: str, response: Response) -> None:
+        """Admit, then submit owned by ``key``; a failed submit gives its slots back.
+        ``fingerprint`` is "" for IDs the gateway made (see :meth:`AsyncClient.submit`)."""
         await self.admit(key, ids, response)
         options: dict[str, Any] = {
             "priority": sub.priority, "deadline_s": sub.deadline_s,
@@ -124,8 +125,9 @@ class Gateway:
     async def replayed(self, key: ApiKey, ids: Sequence[str], fp: str) -> list[str | None]:
         """Per ID, the current status of its record if it has one (a replay), else None."""
         records = await self.store.get_records(ids)
-        replays(key, records, fp)
-        return [None if r is None else r.status for r in records]
+        there = replays(key, records, fp)  # 409 first if one was made from another body
+        return [r.status if was and r is not None else None
+                for r, was in zip(records, there, strict=True)]
 
 
 def _gateway(request: Request) -> Gateway:
@@ -189,8 +191,8 @@ async def submit(model: str, request: Request, response: Response, gw: GatewayDe
     sub, fp = await _read(gw, request, key, model, batch=False)
     idem = _idempotency(idempotency_key)
     if idem is None:
-        rid = new_request_id()
-        await gw.enqueue(key, model, sub, [rid], sub.inputs, None, response)
+        rid = new_request_id()  # made here: nothing to fingerprint ("")
+        await gw.enqueue(key, model, sub, [rid], sub.inputs, "", response)
     else:
         rid = derive_request_id(gw.id_secret, key, idem)
         status = (await gw.replayed(key, [rid], fp))[0]
@@ -214,7 +216,7 @@ async def submit_batch(model: str, request: Request, response: Response, gw: Gat
     idem = _idempotency(idempotency_key)
     if idem is None:
         ids = [new_request_id() for _ in sub.inputs]
-        await gw.enqueue(key, model, sub, ids, sub.inputs, None, response)
+        await gw.enqueue(key, model, sub, ids, sub.inputs, "", response)
     else:
         ids = [derive_request_id(gw.id_secret, key, idem, i) for i in range(len(sub.inputs))]
         todo = [i for i, there in enumerate(await gw.replayed(key, ids, fp)) if there is None]

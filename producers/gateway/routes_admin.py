@@ -51,9 +51,14 @@ def _ops(gw: Gateway) -> DeadLetterOps:
 
 def letter_json(dl: DeadLetter) -> dict[str, Any]:
     """One letter as ``batchfleet dlq list -o json`` prints it."""
-    dead_at = datetime.fromtimestamp(dl.dead_at, UTC).isoformat() if dl.dead_at else None
+    def iso(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).isoformat()
+
+    errors = [{**e, "at": iso(e["at"])} if isinstance(e.get("at"), int | float) else e
+              for e in dl.errors]
     return {"request_id": dl.request_id, "model": dl.model, "attempts": dl.attempts,
-            "reason": dl.reason, "dead_at": dead_at, "errors": dl.errors}
+            "reason": dl.reason, "dead_at": iso(dl.dead_at) if dl.dead_at else None,
+            "errors": errors}
 
 
 @admin.get("/fleet", response_model=FleetOut, responses=_ERRORS)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from typer.testing import CliRunner
 
 from batchfleet import options
@@ -196,3 +197,20 @@ def test_a_worker_with_kafka_down_prints_only_our_line(redis_url: str) -> None:
                 "--device", "cpu")
     line = _one_error(done, 1)
     assert "Kafka" in line and dead.removeprefix("kafka://") in line
+
+
+def test_submit_wait_past_a_slow_submit_is_pending_with_its_id(redis_url: str) -> None:
+    """Review finding 9: writes held up 2.5 s (``CLIENT PAUSE WRITE``) make the submit
+    return late, so --wait 4 (plus 1 s closing) runs out inside ``client.wait``. The request
+    is queued: exit 3 with its ID, as the exit-code table says, not "no answer" and exit 1."""
+    at = ("--broker", redis_url)
+    assert _in_process("models", "declare", "demo-mlp", *at).exit_code == 0
+    raw = redis.Redis.from_url(redis_url)
+    raw.execute_command("CLIENT", "PAUSE", "2500", "WRITE")
+    done = _in_process("submit", "-m", "demo-mlp", "--inputs", ROW, "--wait", "4",
+                       "-o", "json", *at)
+    assert done.exit_code == 3, (done.stdout, done.stderr)
+    rid = json.loads(done.stdout)["request_id"]
+    assert rid in done.stderr and "still pending" in done.stderr
+    assert raw.hget(Names("bf").result(rid), "status") == b"pending"
+    raw.close()

@@ -154,6 +154,14 @@ async def test_idempotency_is_scoped_to_key_model_and_body(http: httpx.AsyncClie
     # Nothing was enqueued for the refusals: one message per accepted request.
     redis = redis_client(redis_url)
     assert await redis.xlen(Names(NS).stream("demo-mlp", "interactive")) == 2 + 2
+    # Without an Idempotency-Key the gateway makes the IDs: none is fingerprinted (review 3).
+    plain = await http.post(url.format("demo-mlp"), json=X, headers=BILL)
+    plain_batch = await http.post("/v1/models/demo-mlp/batches",
+                                  json={"inputs": [X["inputs"]] * 2}, headers=BILL)
+    made = [plain.json()["request_id"], *plain_batch.json()["request_ids"]]
+    fps = [await redis.hget(Names(NS).result(rid), "fp")
+           for rid in [*made, first.json()["request_id"]]]
+    assert fps[:3] == [None, None, None] and fps[3] is not None
     await redis.aclose()
 
 

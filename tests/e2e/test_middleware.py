@@ -15,6 +15,7 @@ from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.redis_client import redis_client
 from batchfleet.workers import Worker, WorkerSettings
 from batchfleet.workers.completion import Completed
+from batchfleet.workers.context import WorkerContext
 from batchfleet.workers.intake import Answer, Intake
 from batchfleet.workers.middleware import Batch, Middleware
 from batchfleet.workers.middleware.defaults import default_middleware
@@ -37,13 +38,14 @@ class Recorder(Middleware):
     def _note(self, hook: str, ids: Sequence[str] = ()) -> None:
         self.calls.append((hook, frozenset(ids)))
 
-    async def on_start(self, worker: Worker) -> None:
+    async def on_start(self, ctx: WorkerContext) -> None:
+        assert isinstance(ctx, WorkerContext)  # never the Worker itself
         self._note("on_start")
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._note("on_ready")
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         self._note("on_stop")
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:

@@ -12,7 +12,7 @@ import torch
 from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers import AsyncClient, Client
 from batchfleet.schemas import Request, encode_request
-from batchfleet.schemas.errors import UnknownModelError
+from batchfleet.schemas.errors import RequestConflictError, UnknownModelError
 from batchfleet.workers.models import build_encoder, build_mlp
 from tests.support.fleet import running_worker
 from tests.support.models import POISON
@@ -75,7 +75,10 @@ async def test_sync_client_and_duplicate_submits_never_overwrite(fleet: Fleet) -
             with Client(fleet.broker, fleet.results, namespace=fleet.namespace) as client:
                 rid = client.submit("demo-mlp", [0.1] * 10, request_id="order-42")
                 first = client.wait(rid, timeout=10)
-                again = client.submit("demo-mlp", [0.9] * 10, request_id="order-42")
+                again = client.submit("demo-mlp", [0.1] * 10, request_id="order-42")
+                # the same ID with other inputs is refused, never run over the first
+                with pytest.raises(RequestConflictError):
+                    client.submit("demo-mlp", [0.9] * 10, request_id="order-42")
                 return rid, again, (first, client.wait(rid, timeout=10), client.get("none"))
 
         rid, again, (first, second, unknown) = await asyncio.to_thread(use_sync_client)

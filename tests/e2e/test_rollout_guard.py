@@ -52,7 +52,7 @@ async def test_a_canary_failing_one_in_five_is_rolled_back_once_with_why(
         rows = np.random.default_rng(3).standard_normal((REQUESTS, 10)).astype(np.float32)
         rows[:, 1] = np.where(np.arange(REQUESTS) % 5 == 0, FLAKY, 1.0)  # one in five fails
         for worker in (w1, w2):  # both apply the canary before any request is fetched
-            await worker.find(RolloutGuard)._policies.refresh(worker, force=True)
+            await worker.find(RolloutGuard)._policies.refresh(worker.context, force=True)
         ids = await client.submit_many(MODEL, list(rows))
 
         after = await _rolled_back(w1, set_to.epoch)

@@ -59,7 +59,7 @@ async def test_shadow_of_the_same_model_is_compared_and_never_returned(
         policy = await model_registry_for(worker.store).set_policy(
             MODEL, stable="default", shadow="v1", who="test", why="shadow v1")
         cache = worker.find(VersionStats).policies
-        await cache.refresh(worker, force=True)
+        await cache.refresh(worker.context, force=True)
         assert cache.epoch(MODEL) == policy.epoch
         rng = np.random.default_rng(7)
         rows = rng.standard_normal((WAVES * PER_WAVE, 10)).astype(np.float32)
@@ -173,3 +173,38 @@ async def test_a_shadow_that_waits_half_a_second_delays_no_stable_batch(redis_ur
     assert _total(found, "batchfleet_shadow_requests_total", outcome="error") == 0
     offered = _total(found, "batchfleet_shadow_requests_total")
     assert 2 <= offered <= sent
+
+
+async def test_a_shadow_that_hangs_is_abandoned_at_its_limit_and_shadowing_goes_on(
+        redis_url: str) -> None:
+    """A shadow forward past its lane's compute limit (0.5 s here) is skipped as
+    ``stalled`` and its thread abandoned; the next copies run on a fresh thread (without
+    the bound every later copy was skipped ``busy`` until a restart)."""
+    from batchfleet.workers.per_model import PerModel
+    from tests.support.models import HANG
+
+    models = (MODEL, f"{MODEL}@hang=tests.support.models:hang_model")
+    limits = PerModel(None, (((MODEL, "hang"), 0.5),))
+    async with running_worker(redis_url, models=models, max_wait_ms=5,
+                              compute_timeout_s=limits, shadow_budget=PerModel(None)
+                              ) as worker, AsyncClient(redis_url) as client:
+        await model_registry_for(worker.store).set_policy(
+            MODEL, stable="default", shadow="hang", who="test", why="shadow a hang")
+        await worker.find(VersionStats).policies.refresh(worker, force=True)
+        m = worker.metrics
+        stalled = m.shadow_skipped.labels(MODEL, "stalled")
+        compared = m.shadow_requests.labels(MODEL, "compared")
+        hangs = np.full((1, 10), HANG, np.float32)
+        [r] = await client.wait_many(await client.submit_many(MODEL, list(hangs)), 30)
+        assert r.status == "succeeded"  # stable answers; the shadow hangs on its copy
+        deadline = time.monotonic() + 30  # liveness bounds only
+        while stalled._value.get() < 1:
+            assert time.monotonic() < deadline, "the hanging shadow was never abandoned"
+            await asyncio.sleep(0.1)
+        rows = np.zeros((1, 10), np.float32)
+        while compared._value.get() < 1:
+            assert time.monotonic() < deadline, "shadowing never resumed after the hang"
+            await client.wait_many(await client.submit_many(MODEL, list(rows)), 30)
+            await asyncio.sleep(0.1)
+        assert stalled._value.get() == 1
+        assert m.shadow_skipped.labels(MODEL, "busy")._value.get() == 0

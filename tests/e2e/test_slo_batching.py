@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from batchfleet.producers import AsyncClient
+from batchfleet.workers.batching import FixedWait
 from batchfleet.workers.middleware.slo import SloBatching
 from batchfleet.workers.per_model import PerModel
 from tests.support.fleet import running_worker
@@ -58,7 +59,8 @@ async def test_a_worker_with_an_slo_keeps_latency_bounded_and_batches_a_burst(
 
 async def test_without_an_slo_the_batcher_keeps_the_fixed_wait(redis_url: str) -> None:
     async with running_worker(redis_url) as worker:
-        assert worker.batcher.policy is None
+        assert isinstance(worker.batcher.policy, FixedWait)
+        assert worker.batcher.policy.max_wait_s == worker.settings.max_wait_ms / 1000.0
         with pytest.raises(LookupError):
             worker.find(SloBatching)
 

@@ -17,15 +17,17 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 from aiokafka.structs import TopicPartition
 
+from batchfleet.connectors import kafka_topics
 from batchfleet.connectors.broker import Delivery, OutboundMessage
 from batchfleet.connectors.embedded_kafka import EmbeddedKafka, metadata_roundtrip
 from batchfleet.connectors.embedded_server import free_port
 from batchfleet.connectors.kafka import KafkaConsumer
 from batchfleet.connectors.kafka_publisher import KafkaPublisher, ensure_topics
 from batchfleet.schemas.errors import TransportError
-from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names
+from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, LANES, Names, lane_loss_field
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.timeout(60)]
 
@@ -108,6 +110,25 @@ async def test_topic_creation_is_idempotent_with_the_partition_count(
     finally:
         await admin.close()
     assert {t["topic"]: len(t["partitions"]) for t in described} == dict.fromkeys(topics, 4)
+
+
+async def test_a_timed_out_send_recreates_its_topic_only_where_the_broker_lacks_it(
+    kafka_broker: str, names: Names
+) -> None:
+    """Review finding 8: a send that timed out (a slow broker) must not re-create a topic
+    that exists, which resets its log on Tansu; one the cluster's metadata lacks is
+    re-created, and so is one the broker called unknown."""
+    pub = KafkaPublisher(kafka_broker, names, 2)
+    msg = OutboundMessage(MODEL, LANE_BULK, "k", b"v")
+    try:
+        await pub.publish([msg])
+        there, absent = names.topic(MODEL, LANE_BULK), names.topic("never", LANE_BULK)
+        timed_out = [((there, msg), KafkaTimeoutError()), ((absent, msg), KafkaTimeoutError())]
+        assert await pub._lost_topics(timed_out) == {absent}
+        unknown = [((there, msg), UnknownTopicOrPartitionError())]
+        assert await pub._lost_topics(unknown) == {there}
+    finally:
+        await pub.close()
 
 
 async def test_every_message_is_consumed_once_and_committed(
@@ -277,3 +298,31 @@ def test_embedded_kafka_starts_answers_and_stops() -> None:
         assert metadata_roundtrip("127.0.0.1", broker.port)
         broker.kill()
         assert not metadata_roundtrip("127.0.0.1", broker.port)
+
+
+async def test_a_deleted_topic_is_recreated_in_the_background_and_counted_lost(
+    kafka_broker: str, names: Names, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 11: the topic check runs in a task of its own, not inside ``fetch``
+    (whole-cluster metadata could block a fetch for seconds): a deleted topic comes back
+    with no fetch made, and the next fetch counts its lane lost."""
+    monkeypatch.setattr(kafka_topics, "TOPIC_CHECK_S", 0.3)
+    topic = names.topic(MODEL, LANE_BULK)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker)
+    await admin.start()
+    try:
+        async with running(consumer(kafka_broker, names, group)) as c:
+            await asyncio.sleep(0.5)  # the watch has seen every topic
+            await admin.delete_topics([topic])
+            for _ in range(150):  # a liveness bound: 15 s
+                if c._topic_watch is not None and c._topic_watch._recreated:
+                    break
+                await asyncio.sleep(0.1)
+            assert c._topic_watch is not None and c._topic_watch._recreated == {topic}
+            assert topic in await admin.list_topics()
+            await c.fetch(10, 0.1)
+            assert list(c.lane_losses) == [lane_loss_field(MODEL, LANE_BULK)]
+            task = c._topic_task
+        assert task is not None and task.cancelled()  # close() stopped the watch
+    finally:
+        await admin.close()

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from batchfleet import BatchfleetError, RequestConflictError
 from batchfleet.producers import AsyncClient
+from batchfleet.producers.client import new_request_id
 from batchfleet.producers.gateway.problems import status_for
 from batchfleet.schemas.names import Names
 
@@ -53,5 +54,25 @@ async def test_a_reused_id_with_other_inputs_raises_and_enqueues_nothing(
             # an ID the SDK made (no fingerprint) resubmitted by the caller is accepted
             made = await client.submit("demo-mlp", A)
             assert await client.submit("demo-mlp", A, request_id=made) == made
+    finally:
+        await raw.aclose()
+
+
+async def test_ids_the_caller_made_with_an_empty_fingerprint_are_not_hashed(
+        redis_url: str) -> None:
+    """Review finding 3: the gateway and the bench make their IDs with new_request_id and
+    pass ``fingerprint=""``; no fingerprint is computed or stored for them."""
+    names = Names(NS)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        async with AsyncClient(redis_url, namespace=NS, check_model=False) as client:
+            one = await client.submit("demo-mlp", A, request_id=new_request_id(),
+                                      fingerprint="")
+            many = await client.submit_many("demo-mlp", [A, B], fingerprint="",
+                                            request_ids=[new_request_id(), new_request_id()])
+            chosen = await client.submit("demo-mlp", A, request_id=new_request_id())
+            fps = [await raw.hget(names.result(rid), "fp") for rid in [one, *many, chosen]]
+            assert fps[:3] == [None, None, None] and fps[3] is not None
+            assert await raw.hget(names.result(one), "status") == b"pending"
     finally:
         await raw.aclose()

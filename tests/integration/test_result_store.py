@@ -230,3 +230,38 @@ async def test_dlq_operations_page_through_more_than_a_thousand_letters(
     finally:
         await ops.close()
         await store.close()
+
+
+async def test_a_replay_starts_the_stall_count_again(redis_url: str) -> None:
+    """A request quarantined as ``stalled`` and replayed once the model is fixed is not
+    quarantined at its next single stall."""
+    store = open_result_store(redis_url, NAMES)
+    try:
+        await store.put_pending([("st1", b"p")])
+        assert await store.note_stalls(["st1"]) == [1]
+        assert await store.note_stalls(["st1"]) == [2]
+        await store.write_terminal([TerminalWrite("st1", "failed", b"f")])
+        assert await store.reopen_for_replay([("st1", b"p")]) == [1]
+        assert await store.note_stalls(["st1"]) == [1]
+    finally:
+        await store.close()
+
+
+async def test_stall_and_solo_counts_never_leave_a_record_without_a_ttl(redis_url: str
+                                                                        ) -> None:
+    """Counted on a record that is gone (expired, or a first delivery never wrote it), the
+    record they create expires like any other (a bare HINCRBY's would stay for good)."""
+    store = open_result_store(redis_url, NAMES)
+    try:
+        assert await store.note_stalls(["gone1", "gone2"]) == [1, 1]
+        await store.mark_solo("gone3", started=True)
+        await store.put_pending([("kept", b"p")])
+        await store.mark_solo("kept", started=True)
+        await store.mark_solo("kept", started=False, attempt=3)
+        r = store.redis
+        for rid in ("gone1", "gone2", "gone3", "kept"):
+            assert 0 < await r.ttl(NAMES.result(rid)) <= store.ttl_s, rid
+        assert await r.hmget(NAMES.result("kept"), "solo", "deliveries", "status") == [
+            b"0", b"3", b"pending"]
+    finally:
+        await store.close()

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from batchfleet.connectors import TerminalWrite
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from batchfleet.producers.waiting import ResultWaiter
-from batchfleet.schemas.envelopes import Result, encode_result
+from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result, encode_result
 from batchfleet.schemas.errors import RequestLostError, ValidationError
 from batchfleet.schemas.names import Names
 from tests.support.seams import control_plane_for, open_result_store
@@ -23,7 +23,9 @@ NAMES = Names("wl")
 
 def _done(rid: str) -> TerminalWrite:
     body = encode_result(Result(rid, "succeeded", model="m"))
-    return TerminalWrite(rid, "succeeded", body, notify_channel="me")
+    # the SDK's waiter asks for bodies in its announcements (docs/wire-format.md §8)
+    return TerminalWrite(rid, "succeeded", body, notify_channel="me",
+                         notify_format=NOTIFY_RESULTS)
 
 
 async def _until(done: Callable[[], bool], timeout_s: float = 15.0) -> None:

@@ -51,7 +51,8 @@ def _extra_distributions(extra: str) -> set[str]:
 
 
 def _third_party_imports() -> dict[str, str]:
-    """Top-level module -> one file importing it, over everything the wheel ships."""
+    """Top-level module -> one file importing it, over everything the wheels ship
+    (batchfleet, and batchfleet-bench from batchfleet/bench/)."""
     found: dict[str, str] = {}
     for root, _, files in os.walk(ROOT / "batchfleet", followlinks=True):
         for name in files:

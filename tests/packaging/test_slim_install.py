@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What `pip install .` reads (the same as .dockerignore lets through).
-SOURCES = ("pyproject.toml", "README.md", "batchfleet", "schemas", "connectors", "producers",
-           "workers")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "batchfleet", "schemas",
+           "connectors", "producers", "workers", "bench")
 TOP_LEVEL = ("schemas", "workers", "producers", "connectors")
 HEAVY = ("torch", "fastapi", "pyarrow", "aiokafka", "matplotlib")
 #: Generous liveness bound for building and installing (~30 s here).
@@ -36,6 +36,7 @@ INSTALL_TIMEOUT_S = 180
 
 @dataclass(frozen=True)
 class SlimVenv:
+    src: Path
     wheel: Path
     python: Path
     cli: Path
@@ -81,7 +82,7 @@ def slim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlimVenv]:
     env = {k: v for k, v in os.environ.items()
            if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    yield SlimVenv(wheel, python, venv / "bin" / "batchfleet", site, env)
+    yield SlimVenv(src, wheel, python, venv / "bin" / "batchfleet", site, env)
 
 
 def _app(tmp_path: Path) -> Path:
@@ -134,6 +135,8 @@ def test_the_wheel_holds_only_the_batchfleet_namespace(slim: SlimVenv) -> None:
     for package in TOP_LEVEL:  # the linked folders arrive as real files
         assert f"batchfleet/{package}/__init__.py" in names
     assert not [n for n in names if n.endswith(".png")]  # the bench's plots stay in docs/
+    assert not [n for n in names if n.startswith("batchfleet/bench/")]  # batchfleet-bench's
+    assert "batchfleet-0.1.0.dist-info/licenses/LICENSE" in names
 
 
 def test_no_top_level_packages_in_site_packages(slim: SlimVenv) -> None:
@@ -225,3 +228,35 @@ def test_light_commands_work_and_heavy_ones_name_their_extra(slim: SlimVenv,
     assert done.returncode == 2  # refused, nothing sent: a setting that cannot work here
     assert done.stderr.splitlines() == [
         "error: kafka:// brokers need the kafka extra: pip install 'batchfleet[kafka]'"]
+
+
+def test_bench_is_its_own_distribution_and_says_how_to_get_it(slim: SlimVenv,
+                                                              tmp_path: Path) -> None:
+    """Without batchfleet-bench, `bench` is one line naming it (exit 2, as a missing extra);
+    with its wheel installed over the slim one, the command finds it and names the bench
+    extra for its dependencies instead."""
+    def bench() -> subprocess.CompletedProcess[str]:
+        return _run(slim.cli, "bench", "--quick", "--out", tmp_path / "out", cwd=tmp_path,
+                    env=slim.env, timeout=60)
+
+    done = bench()
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "error: 'batchfleet bench' needs the batchfleet-bench package: pip install "
+        "batchfleet-bench (from a clone: pip install ./bench)"], done.stderr
+    dist = tmp_path / "dist"
+    _checked(_run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist,
+                  slim.src / "bench", cwd=tmp_path))
+    (wheel,) = dist.glob("batchfleet_bench-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert {n.split("/")[0] for n in archive.namelist()} == {
+            "batchfleet", "batchfleet_bench-0.1.0.dist-info"}
+        assert "batchfleet/bench/__init__.py" in archive.namelist()
+        assert "batchfleet/__init__.py" not in archive.namelist()  # batchfleet's own
+    pip = (sys.executable, "-m", "pip", "--python", slim.python)
+    _checked(_run(*pip, "install", "-q", "--no-deps", wheel, cwd=tmp_path))
+    try:
+        done = bench()
+        assert _names_extra(done, "bench", "bench"), (done.returncode, done.stderr)
+    finally:  # the other tests see the slim install again
+        _checked(_run(*pip, "uninstall", "-q", "-y", "batchfleet-bench", cwd=tmp_path))
+    assert not (slim.site_packages / "batchfleet" / "bench").exists()

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from batchfleet.workers.batching import (
+    FixedWait,
     MicroBatcher,
     gather_pause_s,
     is_batch_ready,
@@ -53,6 +54,21 @@ def test_full_group_is_taken_at_once_and_only_max_size() -> None:
     clock.now += 1.0
     assert batcher.take_ready() == ("a", [4, 5])
     assert len(batcher) == 0
+
+
+def test_the_fixed_wait_is_the_default_close_policy_and_reads_no_origins() -> None:
+    """One path for every policy: without one the batcher runs ``FixedWait``, which is due
+    at the oldest arrival plus the wait, whatever the item's enqueue time says."""
+    clock = FakeClock()
+    batcher: MicroBatcher[str, int] = MicroBatcher(4, 1.0, clock, enqueued_at=lambda i: 1.0,
+                                                   wall_clock=lambda: 1e9)
+    assert isinstance(batcher.policy, FixedWait) and batcher.policy.max_wait_s == 1.0
+    assert batcher.policy.due_at("a", 1, 100.0, 0.0, 100.5) == 101.0
+    batcher.put([("a", 1)])
+    assert batcher.take_ready() is None  # an hours-old enqueue time does not make it due
+    assert batcher.seconds_until_next_due() == pytest.approx(1.0)
+    clock.now += 1.0
+    assert batcher.take_ready() == ("a", [1])
 
 
 def test_shape_groups_never_mix() -> None:

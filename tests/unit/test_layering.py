@@ -172,3 +172,60 @@ def test_the_backend_allow_list_is_not_stale() -> None:
              if not (ROOT / rel).exists()
              or not mods & {f.split(".")[0] for f in _backend_imports(ROOT / rel)}]
     assert stale == []
+# --- the worker's seams: middleware see a WorkerContext, the spine sees no middleware -----
+
+#: What the spine (workers/worker.py) may import from workers/middleware: the chain and
+#: base types (the package), and the default chain.
+SPINE_MAY_IMPORT = {"batchfleet.workers.middleware", "batchfleet.workers.middleware.base",
+                    "batchfleet.workers.middleware.defaults"}
+
+
+def _imported(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every import, TYPE_CHECKING ones included."""
+    out: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+    return out
+
+
+def _reaches_the_worker(path: Path) -> list[int]:
+    """Lines that import ``workers.worker`` or the ``Worker`` class, or name ``Worker``."""
+    lines = [line for line, module, names in _imported(path)
+             if module.endswith("workers.worker")
+             or (module.endswith("workers") and "Worker" in names)
+             or (module.endswith("workers") and "worker" in names)]
+    return lines + [node.lineno for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                    if isinstance(node, ast.Name) and node.id == "Worker"]
+
+
+def test_no_middleware_reaches_for_the_worker() -> None:
+    """Middleware get a ``WorkerContext`` (``workers/context.py``), never the ``Worker``."""
+    modules = sorted((ROOT / "workers" / "middleware").glob("*.py"))
+    assert len(modules) > 15
+    offenders = {p.name: lines for p in modules if (lines := _reaches_the_worker(p))}
+    assert offenders == {}
+    context = ROOT / "workers" / "context.py"
+    assert _reaches_the_worker(context) == []
+
+
+def test_the_spine_imports_no_middleware_but_the_chain_and_the_defaults() -> None:
+    spine = ROOT / "workers" / "worker.py"
+    found = {module for _, module, _ in _imported(spine)
+             if module.startswith("batchfleet.workers.middleware")}
+    assert found and found <= SPINE_MAY_IMPORT, found - SPINE_MAY_IMPORT
+
+
+def test_the_worker_check_sees_each_way_in(tmp_path: Path) -> None:
+    cases = {"from batchfleet.workers.worker import Worker": 1,
+             "def f(w: Worker) -> None: ...": 1,
+             "import batchfleet.workers.worker": 1,
+             "from batchfleet.workers import Worker": 1,
+             "def f(w: 'x') -> None:\n    Worker.run(w)": 1,
+             "from batchfleet.workers.context import WorkerContext": 0}
+    for source, expected in cases.items():
+        path = tmp_path / "m.py"
+        path.write_text(source + "\n")
+        assert len(_reaches_the_worker(path)) == expected, source

@@ -14,12 +14,10 @@ from batchfleet.workers.middleware.routing import (
     BUCKETS,
     bucket,
     choose,
-    lanes,
-    model_version,
     serving,
     unknown_version,
 )
-from batchfleet.workers.models import load_versions, version_lane
+from batchfleet.workers.models import lanes, load_versions, model_version, version_lane
 from batchfleet.workers.models.loading import builtin_source, split_model_spec
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,8 @@ webhooks, the health endpoint, heartbeat and retry pump) is a :class:`Middleware
 and completion once, never each request on its own, so a hook costs the same
 whether a batch holds one request or a thousand. Every hook is a no-op here;
 a middleware overrides only the ones it needs. :class:`Chain` runs a list of
-them in order and is what the worker (and ``ResultWriter``) call.
+them in order and is what the worker (and ``ResultWriter``) call. The lifecycle hooks
+receive a :class:`~batchfleet.workers.context.WorkerContext`, never the worker.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from batchfleet.connectors.broker import Consumer, Delivery
 from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.workers.batching import ClosePolicy
 from batchfleet.workers.completion import Completed
-from batchfleet.workers.intake import Answer, Intake, Job
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +62,19 @@ class Batch:
 class Middleware:
     """No-op hooks; called per fetch, batch or completion, in list order."""
 
-    async def on_start(self, worker: Worker) -> None:
-        """Connections are open, nothing fetched yet: bind to the worker."""
+    async def on_start(self, ctx: WorkerContext) -> None:
+        """Connections are open, nothing fetched yet: keep what you need of ``ctx``."""
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         """Start-up checks passed and the models are warm; the loops start next."""
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         """The loops drained (or the grace period ran out); connections still open."""
+
+    def close_policy(self) -> ClosePolicy[BatchKey] | None:
+        """When the batcher closes a not-yet-full batch, if this middleware decides it
+        (the first one that does wins; none: the fixed ``max_wait_ms``)."""
+        return None
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         """Side loops to run while the worker consumes (cancelled at stop)."""
@@ -142,8 +150,9 @@ M = TypeVar("M", bound=Middleware)
 
 
 class Chain:
-    """A middleware list, called in order. Also ``ResultWriter``'s callback sink and lease
-    releaser, so the write path reaches every middleware through one object."""
+    """A middleware list, called in order. Also ``ResultWriter``'s ``WriteHooks``
+    (``before_write``, ``release``, ``on_store``), so the write path reaches every
+    middleware through one object."""
 
     def __init__(self, middleware: Iterable[Middleware]) -> None:
         self.middleware = list(middleware)
@@ -152,24 +161,28 @@ class Chain:
     def find(self, kind: type[M]) -> M | None:
         return next((m for m in self.middleware if isinstance(m, kind)), None)
 
-    async def on_start(self, worker: Worker) -> None:
+    async def on_start(self, ctx: WorkerContext) -> None:
         for m in self.middleware:
-            await m.on_start(worker)
+            await m.on_start(ctx)
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         for m in self.middleware:
-            await m.on_ready(worker, warmup_s)
+            await m.on_ready(ctx, warmup_s)
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         """Every middleware's, even when one fails (the first error is raised after)."""
         errors: list[BaseException] = []
         for m in self.middleware:
             try:
-                await m.on_stop(worker)
+                await m.on_stop(ctx)
             except Exception as exc:  # re-raised below, once the rest have stopped
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+    def close_policy(self) -> ClosePolicy[BatchKey] | None:
+        """The first middleware's close policy, if any decides one."""
+        return next((p for m in self.middleware if (p := m.close_policy()) is not None), None)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [task for m in self.middleware for task in m.background_tasks()]
@@ -246,7 +259,7 @@ class Chain:
         for m in self.middleware:
             await m.after_compute(batch, run)
 
-    async def enqueue(self, answers: Sequence[Answer]) -> None:
+    async def before_write(self, answers: Sequence[Answer]) -> None:
         for m in self.middleware:
             await m.before_write(answers)
 

@@ -26,7 +26,7 @@ from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.workers.middleware.base import Batch, Middleware
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -38,16 +38,16 @@ class CancelledDrop(Middleware):
     def __init__(self, refresh_s: float = REFRESH_S) -> None:
         self._refresh_s = refresh_s
         self._set: Cancels | None = None
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         #: The set's size at the last look; assumed non-empty until then.
         self._size = 1
         self.dropped = 0
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
-        self._set = worker.plane.cancels
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self._set = ctx.plane.cancels
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         await self._look()
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
@@ -69,7 +69,7 @@ class CancelledDrop(Middleware):
         """False once every job was cancelled: the batch is done (acked), never run."""
         if self._size == 0:
             return True
-        assert self._set is not None and self._worker is not None
+        assert self._set is not None and self._ctx is not None
         try:
             taken = await self._set.take([job.request.request_id for job in batch.jobs])
         except ResultStoreError as exc:
@@ -80,7 +80,7 @@ class CancelledDrop(Middleware):
             return True
         dropped = [job for job in batch.jobs if job.request.request_id in taken]
         batch.jobs = [job for job in batch.jobs if job.request.request_id not in taken]
-        await self._worker.writer.ack([job.delivery for job in dropped])
+        await self._ctx.ack([job.delivery for job in dropped])
         self.dropped += len(dropped)
         log.info("cancelled requests dropped unrun", count=len(dropped), model=batch.key.model)
         return bool(batch.jobs)

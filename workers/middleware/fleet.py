@@ -12,27 +12,27 @@ from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.retry import RetryPump
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 class HeartbeatLoop(Middleware):
     def __init__(self) -> None:
         self._heartbeat: Heartbeat | None = None
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        store = worker.store
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        store = ctx.store
         # Each beat also re-registers the models and records the lanes the consumer had to
         # recreate after the broker lost their entries (a consumer with LaneLossDetection).
-        consumer = worker.consumer
+        consumer = ctx.consumer
         losses = consumer.lane_losses if isinstance(consumer, LaneLossDetection) else None
-        self._heartbeat = Heartbeat(worker.plane.heartbeats, worker.settings.worker_id,
-                                    worker.vitals, store=store, served=worker.served,
+        self._heartbeat = Heartbeat(ctx.plane.heartbeats, ctx.settings.worker_id,
+                                    ctx.vitals, store=store, served=ctx.served,
                                     lane_losses=losses)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._heartbeat.run()] if self._heartbeat is not None else []
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         if self._heartbeat is not None:
             await self._heartbeat.forget()
 
@@ -42,13 +42,13 @@ class RetryPumpLoop(Middleware):
     once the worker is stopping."""
 
     def __init__(self) -> None:
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        assert self._worker is not None
-        w = self._worker
+        assert self._ctx is not None
+        w = self._ctx
         pump = RetryPump(w.plane.retry_schedule, w.publisher)
         return [pump.run(w.stopping)]

@@ -11,7 +11,7 @@ from batchfleet.workers.health import HealthServer
 from batchfleet.workers.middleware.base import Middleware
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 class HealthEndpoint(Middleware):
@@ -19,10 +19,10 @@ class HealthEndpoint(Middleware):
         self._host, self._port, self._exposition = host, port, exposition
         self._server: HealthServer | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._server = HealthServer(self._host, self._port, self._exposition, worker.readiness)
-        worker.health_port = await self._server.start()
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._server = HealthServer(self._host, self._port, self._exposition, ctx.readiness)
+        ctx.health_port = await self._server.start()
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         if self._server is not None:
             await self._server.close()

@@ -11,7 +11,7 @@ from batchfleet.workers.leases import Leases, lease_interval_s
 from batchfleet.workers.middleware.base import Middleware
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 class LeaseKeeper(Middleware):
@@ -19,8 +19,8 @@ class LeaseKeeper(Middleware):
         self._interval_s = lease_interval_s(claim_idle_ms)
         self.leases: Leases | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self.leases = Leases(worker.consumer, self._interval_s)
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self.leases = Leases(ctx.consumer, self._interval_s)
 
     def after_fetch(self, deliveries: Sequence[Delivery]) -> Sequence[Delivery]:
         assert self.leases is not None

@@ -21,7 +21,7 @@ from batchfleet.workers.models.runtimes import runtime_info
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -32,22 +32,22 @@ class Metrics(Middleware):
         self.metrics = metrics
         self._guards = guards
         self._every_s = sample_every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         for model, seconds in warmup_s.items():
             self.metrics.model_load.labels(model).set(seconds)
             self.metrics.up.labels(model).set(1)
-        for model, info in runtime_info(worker.handlers).items():  # docs/runtimes.md
+        for model, info in runtime_info(ctx.handlers).items():  # docs/runtimes.md
             for stat in ("max_abs", "mean_abs", "relative"):
                 if info.get("accuracy"):
                     self.metrics.model_accuracy.labels(model, stat).set(info["accuracy"][stat])
 
-    async def on_stop(self, worker: Worker) -> None:
-        for model in worker.handlers:
+    async def on_stop(self, ctx: WorkerContext) -> None:
+        for model in ctx.handlers:
             self.metrics.up.labels(model).set(0)
 
     def on_paused(self, models: frozenset[str]) -> None:
@@ -64,23 +64,23 @@ class Metrics(Middleware):
         return {"lane_pauses": self.metrics.lane_pause_counts(),
                 "throughput_rps": round(self.metrics.throughput_rps, 1),
                 "lanes": self.metrics.lanes,
-                "runtimes": runtime_info(self._worker.handlers) if self._worker else {}}
+                "runtimes": runtime_info(self._ctx.handlers) if self._ctx else {}}
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._sample_loop()]
 
     async def _sample_loop(self) -> None:
-        assert self._worker is not None
-        worker, guards = self._worker, self._guards
-        dlq = worker.plane.dead_letters
+        assert self._ctx is not None
+        ctx, guards = self._ctx, self._guards
+        dlq = ctx.plane.dead_letters
         while True:
             try:
-                backlog = await worker.consumer.backlog()
-                sizes = {m: await dlq.size(m) for m in worker.handlers}
+                backlog = await ctx.consumer.backlog()
+                sizes = {m: await dlq.size(m) for m in ctx.handlers}
                 breakers = (guards.model, guards.store) if guards is not None else ()
-                self.metrics.sample(backlog, sizes, breakers, worker.in_flight(),
+                self.metrics.sample(backlog, sizes, breakers, ctx.in_flight(),
                                     dict(guards.model.items()) if guards is not None else {})
-                device = worker.compute.device
+                device = ctx.compute.device
                 if device.type == "cuda":
                     self.metrics.device_memory.labels(str(device)).set(
                         torch.cuda.memory_allocated(device))

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 import structlog
 
 from batchfleet.schemas.envelopes import ErrorInfo
-from batchfleet.workers.intake import Intake, Job
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.retry import CRASH_LOOP
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.stats import WorkerStats
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -31,16 +32,16 @@ class Quarantine(Middleware):
     def __init__(self, quarantine_after: int, stats: WorkerStats) -> None:
         self._after = quarantine_after
         self._stats = stats
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
 
     async def after_decode(self, intake: Intake) -> None:
         """A delivery the broker vouches is the first of its message (a new Redis stream
         entry) costs nothing, unless it is a retry or a replay: those are only read, for a
         stale generation. Redeliveries, and Kafka's, which cannot tell, are counted."""
-        assert self._worker is not None
+        assert self._ctx is not None
         first = [j.delivery.delivery_count == 1 for j in intake.jobs]
         checked = [(j, f) for j, f in zip(intake.jobs, first, strict=True)
                    if not f or j.request.attempt > 1 or j.request.generation > 0]
@@ -56,8 +57,8 @@ class Quarantine(Middleware):
                   for j, f in checked]
         # Retried until it works: these deliveries are already fetched, and dropping them
         # would strand them (Kafka only redelivers after a rebalance).
-        store, writer = self._worker.store, self._worker.writer
-        counts = await writer.retrying("count deliveries", store.count_deliveries, before)
+        ctx = self._ctx
+        counts = await ctx.retrying("count deliveries", ctx.store.count_deliveries, before)
         for (job, only_read), (count, solo_runs, done_gen, gen) in zip(checked, counts,
                                                                       strict=True):
             if done_gen >= job.request.generation:
@@ -96,8 +97,8 @@ class Quarantine(Middleware):
     async def _mark_solo(self, job: Job, started: bool) -> None:
         """Durably note a suspect's solo run before it starts, and undo it once it has run.
         Retried until the store answers: a suspect must never run uncounted."""
-        assert self._worker is not None
-        store, req = self._worker.store, job.request
-        await self._worker.writer.retrying(
+        assert self._ctx is not None
+        store, req = self._ctx.store, job.request
+        await self._ctx.retrying(
             "mark solo run",
             lambda flag: store.mark_solo(req.request_id, flag, req.attempt), started)

@@ -39,16 +39,16 @@ from batchfleet.connectors.result_cache import SCOPE_OWNER, cache_key
 from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.workers import intake
-from batchfleet.workers.intake import Answer, Job
+from batchfleet.workers.completion import answers_from_run
+from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
-from batchfleet.workers.middleware.routing import model_version
+from batchfleet.workers.models.versions import model_version
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 T = TypeVar("T")
@@ -96,24 +96,24 @@ class CachedResults(Middleware):
         self._metrics = metrics
         self._cache = cache
         self._timeout_s = timeout_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._plans: dict[int, _Plan] = {}
         self._failing = False
         self.counts = CacheCounts()
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
         if self._cache is None:
-            self._cache = worker.plane.result_cache
+            self._cache = ctx.plane.result_cache
 
     # --- before compute: hits out, twins out ---------------------------------------------
 
     async def before_compute(self, batch: Batch) -> bool:
-        worker, model, label = self._worker, batch.key.model, batch.key.version
+        ctx, model, label = self._ctx, batch.key.model, batch.key.version
         ttl = self._ttl.for_model(model, label or None)
-        if ttl <= 0 or worker is None or label not in worker.versions.get(model, {}):
+        if ttl <= 0 or ctx is None or label not in ctx.versions.get(model, {}):
             return True
-        version = model_version(label, worker.versions[model][label])
+        version = model_version(label, ctx.versions[model][label])
         scope = self._scope.for_model(model, label or None)
         keys = {id(job): cache_key(model, version, job.request.inputs,
                                    owner=job.request.owner, scope=scope)
@@ -179,7 +179,7 @@ class CachedResults(Middleware):
         lost = [twin for twin, src in plan.twins if id(src) not in row]
         twin_run = BatchRun([out for _, out in copied], run.started_at, run.compute_s,
                             run.forwards)
-        answers, failed = intake.answers_from_run(batch.key.model, plan.version,
+        answers, failed = answers_from_run(batch.key.model, plan.version,
                                                   [twin for twin, _ in copied], twin_run)
         for answer in answers:
             answer.result.batch_size = len(batch.jobs)

@@ -27,7 +27,7 @@ from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.middleware.rollout_stats import PolicyCache
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -60,15 +60,15 @@ class RolloutGuard(Middleware):
         self._metrics = metrics
         self._policies = policies
         self._every_s = every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         #: Rollbacks this worker made: (model, epoch it wrote, why).
         self.rollbacks: list[tuple[str, int, str]] = []
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        self._worker = worker
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        self._ctx = ctx
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._loop()] if self._worker is not None else []
+        return [self._loop()] if self._ctx is not None else []
 
     async def _loop(self) -> None:
         while True:
@@ -80,10 +80,10 @@ class RolloutGuard(Middleware):
 
     async def check(self) -> None:
         """Judge every model with a canary once; roll back those past their thresholds."""
-        worker = self._worker
-        assert worker is not None
-        await self._policies.refresh(worker)
-        stats = worker.plane.rollout_stats
+        ctx = self._ctx
+        assert ctx is not None
+        await self._policies.refresh(ctx)
+        stats = ctx.plane.rollout_stats
         for model, policy in sorted(self._policies.policies.items()):
             if policy.canary is None:
                 continue
@@ -95,11 +95,11 @@ class RolloutGuard(Middleware):
             baseline = stable.role("stable" if stable.epoch == policy.epoch else "-")
             why = guard_verdict(policy, baseline, canary.role("canary"))
             if why is not None:
-                await self._roll_back(worker, model, policy, why)
+                await self._roll_back(ctx, model, policy, why)
 
-    async def _roll_back(self, worker: Worker, model: str, policy: RolloutPolicy,
+    async def _roll_back(self, ctx: WorkerContext, model: str, policy: RolloutPolicy,
                          why: str) -> None:
-        done = await worker.plane.models.rollback(
+        done = await ctx.plane.models.rollback(
             model, who="guard", why=why, if_canary=policy.canary)
         if done is None:
             return  # another worker (or an operator) changed the policy first
@@ -107,4 +107,4 @@ class RolloutGuard(Middleware):
         self._metrics.auto_rollbacks.labels(model).inc()
         log.warning("rollout guard rolled back the canary", model=model,
                     canary=policy.canary, stable=done.stable, epoch=done.epoch, why=why)
-        await self._policies.refresh(worker, force=True)
+        await self._policies.refresh(ctx, force=True)

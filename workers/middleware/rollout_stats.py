@@ -24,11 +24,11 @@ from batchfleet.schemas.registry import DEFAULT_LABEL, RolloutPolicy
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.routing import Routing
-from batchfleet.workers.models import ModelHandler
+from batchfleet.workers.models import Versions
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 #: How many unflushed deltas a worker keeps while the store refuses them.
@@ -40,9 +40,9 @@ def batch_label(batch: Batch) -> str:
     return batch.key.version or DEFAULT_LABEL
 
 
-def worker_versions(worker: Worker) -> dict[str, dict[str, ModelHandler]]:
+def worker_versions(ctx: WorkerContext) -> Versions:
     """``{model: {label: handler}}``: every version this worker holds."""
-    return worker.versions
+    return ctx.versions
 
 
 def role_of(policy: RolloutPolicy | None, label: str) -> str:
@@ -85,10 +85,10 @@ class PolicyCache:
         policy = self.get(model)
         return policy.epoch if policy is not None else 0
 
-    async def refresh(self, worker: Worker, force: bool = False) -> None:
+    async def refresh(self, ctx: WorkerContext, force: bool = False) -> None:
         """Re-read the policies (one round trip), at most every ``every_s`` unless forced;
         a failed read keeps the last ones."""
-        self._routing = worker.hooks.find(Routing)
+        self._routing = ctx.find(Routing)
         now = time.monotonic()
         if not force and now - self._read_at < self.every_s:
             return
@@ -97,8 +97,8 @@ class PolicyCache:
             if self._routing is not None:
                 await self._routing.refresh()
             else:
-                self._polled = await worker.plane.models.policies(
-                    sorted(worker_versions(worker)))
+                self._polled = await ctx.plane.models.policies(
+                    sorted(worker_versions(ctx)))
         except BatchfleetError as exc:
             log.info("rollout policies not re-read", error=str(exc))
 
@@ -111,17 +111,17 @@ class VersionStats(Middleware):
         self._metrics = metrics
         self.policies = policies
         self._every_s = every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._stats: RolloutStats | None = None
         #: model -> (epoch, {(label, role): delta}) since the last flush.
         self._deltas: dict[str, tuple[int, dict[tuple[str, str], VersionDelta]]] = {}
         #: Deltas of an older epoch, or whose flush failed, waiting for the next flush.
         self._pending_old: list[tuple[str, tuple[int, dict[tuple[str, str], VersionDelta]]]] = []
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        self._worker = worker
-        self._stats = worker.plane.rollout_stats
-        await self.policies.refresh(worker, force=True)
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        self._ctx = ctx
+        self._stats = ctx.plane.rollout_stats
+        await self.policies.refresh(ctx, force=True)
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         model, label = batch.key.model, batch_label(batch)
@@ -153,16 +153,16 @@ class VersionStats(Middleware):
         m.version_compute.labels(model, label, role).observe(compute_s)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._loop()] if self._worker is not None else []
+        return [self._loop()] if self._ctx is not None else []
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         await self.flush()
 
     async def _loop(self) -> None:
-        assert self._worker is not None
+        assert self._ctx is not None
         while True:
             await asyncio.sleep(self._every_s)
-            await self.policies.refresh(self._worker)
+            await self.policies.refresh(self._ctx)
             await self.flush()
 
     async def flush(self) -> None:

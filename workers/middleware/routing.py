@@ -1,14 +1,7 @@
 """Worker-side routing: which version of a model computes each request.
 
-The version-aware handlers API (what shadow and metrics build on):
-
-* ``worker.versions[model][label]`` is the handler of one version; a model's first
-  label (in ``--model`` order) is where requests go when no routing middleware runs;
-* ``worker.handlers[model]`` is that first version's handler (validation, runtime info);
-* a version computes in its slot ``version_lane(model, label)`` (``demo-mlp@v2``):
-  ``worker.compute.run(version_lane(model, label), jobs)``;
-* a result's ``model_version`` is ``label/sha256:…[/runtime-precision]``
-  (:func:`model_version`).
+The versions a worker holds, their lanes and ``model_version`` strings are the model
+layer's (``workers/models/versions.py``); this module only chooses among them.
 
 Routing is deterministic: a request goes to the canary when the hash of its
 ``routing_key`` (else its ID) falls in the policy's first ``percent`` of
@@ -26,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,17 +27,18 @@ import structlog
 
 from batchfleet.connectors.broker import OutboundMessage
 from batchfleet.connectors.control_plane import Routes
-from batchfleet.connectors.model_registry import served_version
 from batchfleet.connectors.routes import RouteTable
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.schemas.registry import ModelVersion, RolloutPolicy
-from batchfleet.workers.intake import Intake, Job, answer_without_compute
+from batchfleet.schemas.registry import RolloutPolicy
+from batchfleet.workers.completion import answer_without_compute
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Job
 from batchfleet.workers.middleware.base import Batch, Middleware
-from batchfleet.workers.models import ModelHandler, version_lane
+from batchfleet.workers.models import version_lane
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.routing")
 
@@ -69,11 +63,6 @@ def serving(policy: RolloutPolicy) -> frozenset[str]:
     return frozenset(v for v in (policy.stable, policy.canary) if v is not None)
 
 
-def model_version(label: str, handler: ModelHandler) -> str:
-    """What a result's ``model_version`` says: ``label/sha256:…[/runtime-precision]``."""
-    return f"{label}/{handler.version}"
-
-
 def unknown_version(model: str, label: str, versions: Sequence[str]) -> ErrorInfo:
     return ErrorInfo("unknown_version", f"model {model!r} has no version {label!r} "
                      f"(versions: {', '.join(sorted(versions)) or 'none'})")
@@ -84,21 +73,21 @@ class Routing(Middleware):
 
     def __init__(self, poll_s: float = POLL_S) -> None:
         self._poll_s = poll_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._plane: Routes | None = None
         self.tables: dict[str, RouteTable] = {}
         #: Per model: the policy epoch applied, and when (the heartbeat reports both).
         self.epochs: dict[str, int] = {}
         self.applied_at: dict[str, float] = {}
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        self._worker = worker
-        self._plane = worker.plane.routes
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        self._ctx = ctx
+        self._plane = ctx.plane.routes
         await self.refresh()
 
     async def refresh(self) -> None:
-        assert self._worker is not None and self._plane is not None
-        tables = await self._plane.tables(list(self._worker.versions))
+        assert self._ctx is not None and self._plane is not None
+        tables = await self._plane.tables(list(self._ctx.versions))
         now = time.time()
         for model, table in tables.items():
             if self.epochs.get(model) != table.policy.epoch:
@@ -109,7 +98,7 @@ class Routing(Middleware):
         self.tables = tables
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._poll()] if self._worker is not None else []
+        return [self._poll()] if self._ctx is not None else []
 
     async def _poll(self) -> None:
         while True:
@@ -120,18 +109,18 @@ class Routing(Middleware):
                 log.warning("cannot read rollout policies", error=str(exc))
 
     def _policy(self, model: str) -> RolloutPolicy:
-        assert self._worker is not None
+        assert self._ctx is not None
         table = self.tables.get(model)
         if table is not None:
             return table.policy
-        return RolloutPolicy(next(iter(self._worker.versions[model])))
+        return RolloutPolicy(next(iter(self._ctx.versions[model])))
 
     def _target(self, model: str, label: str) -> str:
         """``label`` if any worker ever registered it (if its pool is down, its requests
         wait in its lane: no other version computes them); a label no worker ever had (a
         declared model's placeholder ``default``) is this worker's first version."""
-        assert self._worker is not None
-        held = self._worker.versions[model]
+        assert self._ctx is not None
+        held = self._ctx.versions[model]
         table = self.tables.get(model)
         if label in held or (table is not None and label in table.versions):
             return label
@@ -143,7 +132,7 @@ class Routing(Middleware):
         return table.held if table is not None else frozenset()
 
     async def after_decode(self, intake: Intake) -> None:
-        if self._worker is None or not intake.jobs:
+        if self._ctx is None or not intake.jobs:
             return
         chosen: dict[int, str] = {}
         fresh: dict[str, dict[str, int]] = {}  # model -> request ID -> job index
@@ -174,8 +163,8 @@ class Routing(Middleware):
                 chosen[i] = label if label in serving(policy) else policy.stable
 
     async def _dispatch(self, intake: Intake, chosen: dict[int, str]) -> None:
-        worker = self._worker
-        assert worker is not None
+        ctx = self._ctx
+        assert ctx is not None
         keep: list[Job] = []
         away: list[Job] = []
         now = time.time()
@@ -183,7 +172,7 @@ class Routing(Middleware):
         for i, job in enumerate(intake.jobs):
             model, label = job.request.model, chosen[i]
             if (exists := exist.get(model)) is None:
-                exists = exist[model] = frozenset(worker.versions[model]) | self._held(model)
+                exists = exist[model] = frozenset(ctx.versions[model]) | self._held(model)
             if job.request.version is not None and label not in exists:
                 intake.answers.append(answer_without_compute(
                     job.delivery, job.request, "failed",
@@ -191,7 +180,7 @@ class Routing(Middleware):
                 continue
             label = self._target(model, label)
             job.version = label
-            (keep if label in worker.versions[model] else away).append(job)
+            (keep if label in ctx.versions[model] else away).append(job)
         intake.jobs = keep
         if away and await self._forward(away):
             intake.finished.extend(job.delivery for job in away)
@@ -199,30 +188,30 @@ class Routing(Middleware):
     async def _forward(self, jobs: Sequence[Job]) -> bool:
         """Republish to the chosen versions' lanes; the caller acks only once this is done.
         On failure they are let go unacked: the broker redelivers them."""
-        worker = self._worker
-        assert worker is not None
+        ctx = self._ctx
+        assert ctx is not None
         messages = [OutboundMessage(version_lane(j.request.model, j.version), j.delivery.lane,
                                     j.request.request_id, j.delivery.payload) for j in jobs]
         try:
-            await worker.publisher.publish(messages)
+            await ctx.publisher.publish(messages)
         except BatchfleetError as exc:
             log.warning("cannot hand requests to their version's pool; redelivered later",
                         error=str(exc), requests=len(jobs))
-            worker.hooks.release([j.delivery for j in jobs])
+            ctx.release([j.delivery for j in jobs])
             return False
         return True
 
     async def before_compute(self, batch: Batch) -> bool:
         """A batch routed to a version a rollback since removed goes to stable instead."""
-        worker = self._worker
-        if worker is None or not batch.key.version:
+        ctx = self._ctx
+        if ctx is None or not batch.key.version:
             return True
         policy = self._policy(batch.key.model)
         if batch.key.version in serving(policy) or any(
                 j.request.version is not None for j in batch.jobs):
             return True
         stable = self._target(batch.key.model, policy.stable)
-        if stable in worker.versions[batch.key.model]:
+        if stable in ctx.versions[batch.key.model]:
             batch.key = replace(batch.key, version=stable)
             for job in batch.jobs:
                 job.version = stable
@@ -230,21 +219,9 @@ class Routing(Middleware):
         for job in batch.jobs:
             job.version = stable
         if await self._forward(batch.jobs):
-            await worker.writer.ack([j.delivery for j in batch.jobs])
+            await ctx.ack([j.delivery for j in batch.jobs])
         return False
 
     def vitals(self) -> dict[str, Any]:
         return {"policy_epochs": dict(self.epochs), "policy_applied_at": dict(self.applied_at)}
 
-
-def lanes(versions: Mapping[str, Mapping[str, ModelHandler]]) -> list[str]:
-    """What a worker consumes: each model's lane, and each held version's own lane."""
-    return [*versions, *(version_lane(m, label) for m, labels in versions.items()
-                         for label in labels)]
-
-
-def registry_versions(versions: Mapping[str, Mapping[str, ModelHandler]]
-                      ) -> dict[str, list[ModelVersion]]:
-    """What the worker asserts in the model registry: each held version under its label."""
-    return {m: [served_version(h, label) for label, h in labels.items()]
-            for m, labels in versions.items()}

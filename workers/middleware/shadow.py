@@ -48,12 +48,12 @@ from batchfleet.workers.middleware.shadow_thread import (
     Span,
     delayed_by,
 )
-from batchfleet.workers.models import ModelHandler
+from batchfleet.workers.models import ModelHandler, version_lane
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun, bisect_run
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -62,6 +62,9 @@ log = structlog.get_logger("batchfleet.worker")
 MAX_WAITING = 65536
 #: Unflushed comparisons kept while the store refuses them (newest kept).
 MAX_UNFLUSHED = 64
+#: Batches remembered as handed over beside a shadow forward (one cancelled at the grace
+#: period or whose containment crashed never comes back for its entry).
+MAX_HANDED = 1024
 
 
 @dataclass(slots=True)
@@ -96,12 +99,13 @@ class Shadow(Middleware):
         self._metrics = metrics
         self._thread = ShadowThread()
         self._budget = ShadowBudget(budget)
-        #: Batches handed to compute while a shadow forward ran: id(batch) -> that forward.
-        self._handed: dict[int, Span] = {}
+        #: Batches handed to compute while a shadow forward ran: id(batch) -> the batch (held,
+        #: so its id is not reused while here) and that forward; bounded (see ``_hand``).
+        self._handed: dict[int, tuple[Batch, Span]] = {}
         self._policies = policies
         self._versions = versions
         self._every_s = every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
         self._stats: RolloutStats | None = None
         self._waiting: dict[str, Copy] = {}  # request ID -> its batch's copy
         self._running: asyncio.Task[None] | None = None
@@ -109,13 +113,15 @@ class Shadow(Middleware):
         self._deltas: dict[str, tuple[int, ComparisonDelta]] = {}
         self._old: list[tuple[str, int, ComparisonDelta]] = []
 
-    async def on_ready(self, worker: Worker, warmup_s: dict[str, float]) -> None:
-        self._worker = worker
-        self._stats = worker.plane.rollout_stats
+    async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
+        self._ctx = ctx
+        self._stats = ctx.plane.rollout_stats
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
-            self._handed[id(batch)] = self._thread.current
+            self._handed[id(batch)] = (batch, self._thread.current)
+            while len(self._handed) > MAX_HANDED:  # batches that never reached after_compute
+                del self._handed[next(iter(self._handed))]
         return True
 
     async def on_dropped(self, batch: Batch) -> None:
@@ -123,7 +129,8 @@ class Shadow(Middleware):
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         model, label = batch.key.model, batch_label(batch)
-        span = self._handed.pop(id(batch), None)
+        handed = self._handed.pop(id(batch), None)
+        span = handed[1] if handed is not None and handed[0] is batch else None
         if span is not None:  # any model's batch: shadow work must delay none of them
             self._metrics.beside_shadow.labels(model).inc()
             if delayed_by(span, run.started_at):
@@ -165,11 +172,11 @@ class Shadow(Middleware):
 
     def _backed_up(self) -> bool:
         """A full batch waits for compute, or the writes are at their cap."""
-        w = self._worker
+        w = self._ctx
         if w is None:
             return True
         buffered = sum(w.in_flight().values()) - w.compute.computing[1]
-        writes = len(w._completions.tasks)  # the cap that pushes back on compute
+        writes = w.pending_writes()  # the cap that pushes back on compute
         return (buffered >= w.settings.max_batch_size
                 or writes >= w.settings.max_pending_writes)
 
@@ -199,12 +206,26 @@ class Shadow(Middleware):
             self._running = None
 
     async def _compare(self, copy: Copy) -> None:
-        assert self._worker is not None
-        handler = worker_versions(self._worker).get(copy.model, {}).get(copy.shadow)
+        assert self._ctx is not None
+        handler = worker_versions(self._ctx).get(copy.model, {}).get(copy.shadow)
         if handler is None:  # the shadow lives on another pool: nothing to run it on here
             self._skip(copy, "absent")
             return
-        outputs, shadow_ms = await self._thread.run(lambda: run_shadow(handler, copy.inputs))
+        # bounded like a stable batch of its lane: a shadow that hangs must not wedge the
+        # shadow thread (every later copy skipped "busy") for the worker's lifetime
+        limit = self._ctx.compute.limits.limit_s(version_lane(copy.model, copy.shadow))
+        running = self._thread.run(lambda: run_shadow(handler, copy.inputs))
+        try:
+            outputs, shadow_ms = await asyncio.wait_for(asyncio.shield(running), limit)
+        except TimeoutError:
+            running.add_done_callback(_retrieve)
+            self._thread.shutdown()  # it ends once the forward returns, if ever; a daemon
+            self._thread = ShadowThread()
+            self._budget.spent(copy.model, copy.shadow, limit, time.monotonic())
+            log.warning("shadow forward past its limit: its thread is abandoned",
+                        model=copy.model, shadow=copy.shadow, limit_s=round(limit, 3))
+            self._skip(copy, "stalled")
+            return
         self._budget.spent(copy.model, copy.shadow, shadow_ms / 1000.0, time.monotonic())
         delta, m = self._delta(copy), self._metrics
         errors = 0
@@ -226,17 +247,17 @@ class Shadow(Middleware):
         self._versions.record(copy.model, copy.shadow, "shadow", n, errors, shadow_ms / 1000.0)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._loop()] if self._worker is not None else []
+        return [self._loop()] if self._ctx is not None else []
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._every_s)
             await self.flush()
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         running = self._running
         if running is not None:  # a shadow run is bounded by one forward
-            await asyncio.wait({running}, timeout=worker.settings.grace_s)
+            await asyncio.wait({running}, timeout=ctx.settings.grace_s)
             if not running.done():  # a wedged shadow: its thread is a daemon, left behind
                 running.cancel()
                 await asyncio.wait({running})
@@ -261,3 +282,9 @@ class Shadow(Middleware):
                          model=model, error=str(exc))
                 self._old.append((model, epoch, delta))
         del self._old[:-MAX_UNFLUSHED]
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """An abandoned shadow forward's late outcome is discarded; read it so asyncio is quiet."""
+    if not future.cancelled():
+        future.exception()

@@ -3,7 +3,7 @@
 :class:`SloBatching` keeps one :class:`~batchfleet.workers.slo.SloController` per model
 version that has an SLO and feeds it: arrivals from ``after_decode`` (once per fetch),
 compute cost and lateness from ``after_compute`` (once per batch). The batcher asks it
-``due_at`` per group instead of the fixed ``max_wait_ms`` (see :func:`close_policy`);
+``due_at`` per group instead of the fixed ``max_wait_ms`` (its ``close_policy`` hook);
 models without an SLO keep the fixed wait. Without any SLO configured it is not in
 the chain at all, and the batcher runs exactly as before. See docs/batching.md.
 """
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from batchfleet.workers.batching import ClosePolicy
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.metrics import WorkerMetrics
-from batchfleet.workers.middleware.base import Batch, BatchKey, Chain, Middleware
+from batchfleet.workers.middleware.base import Batch, BatchKey, Middleware
 from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.slo import SloConfig, SloController
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 def has_slo(slo_ms: PerModel[float | None]) -> bool:
@@ -66,6 +66,9 @@ class SloBatching(Middleware):
 
     # --- the batcher's ClosePolicy ---------------------------------------------------
 
+    def close_policy(self) -> ClosePolicy[BatchKey]:
+        return self
+
     def due_at(self, key: BatchKey, size: int, oldest_arrival: float, oldest_origin: float,
                now: float) -> float:
         ctl = self.controller(key.model, key.version)
@@ -84,8 +87,8 @@ class SloBatching(Middleware):
 
     # --- hooks -------------------------------------------------------------------------
 
-    async def on_start(self, worker: Worker) -> None:
-        self._first_label = {m: next(iter(v)) for m, v in worker.versions.items()}
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._first_label = {m: next(iter(v)) for m, v in ctx.versions.items()}
 
     async def after_decode(self, intake: Intake) -> None:
         if not intake.jobs:
@@ -122,11 +125,6 @@ class SloBatching(Middleware):
 
     def vitals(self) -> dict[str, Any]:
         return {"batch_close_wait_ms": self.waits_ms()}
-
-
-def close_policy(chain: Chain) -> ClosePolicy[BatchKey] | None:
-    """The batcher's close policy: the chain's :class:`SloBatching`, if it has one."""
-    return chain.find(SloBatching)
 
 
 def slo_batching(slo_ms: PerModel[float | None], max_batch_size: int, max_wait_ms: float,

@@ -21,7 +21,7 @@ from batchfleet.schemas.registry import DEFAULT_LABEL
 from batchfleet.workers.middleware.base import Middleware
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
@@ -33,43 +33,43 @@ class StuckCompute(Middleware):
     def __init__(self, exit_after_s: float, every_s: float = 0.5) -> None:
         self._exit_after_s = exit_after_s
         self._every_s = every_s
-        self._worker: Worker | None = None
+        self._ctx: WorkerContext | None = None
 
-    async def on_start(self, worker: Worker) -> None:
-        self._worker = worker
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
 
     def stuck(self) -> dict[str, float]:
         """Model -> seconds its longest-stuck thread has been abandoned."""
-        if self._worker is None:
+        if self._ctx is None:
             return {}
         out: dict[str, float] = {}
-        for lane, seconds in self._worker.compute.stuck().items():
+        for lane, seconds in self._ctx.compute.stuck().items():
             model = lane.partition("@")[0]
             out[model] = max(out.get(model, 0.0), seconds)
         return out
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
-        return frozenset(self.stuck())
+        return frozenset(self.stuck()) & models
 
     def readiness(self) -> dict[str, bool]:
         return {"compute_not_stuck": not self.stuck()}
 
     def vitals(self) -> dict[str, Any]:
-        if self._worker is None:
+        if self._ctx is None:
             return {}
-        compute, default = self._worker.compute, "@" + DEFAULT_LABEL
+        compute, default = self._ctx.compute, "@" + DEFAULT_LABEL
         limits = compute.limits.snapshot(compute.lanes)  # "model" for an unlabelled version
         return {"stuck_compute": {m: round(s, 1) for m, s in self.stuck().items()},
                 "compute_limits_s": {k.removesuffix(default): v for k, v in limits.items()},
-                "stalled_quarantined": self._worker.containment.quarantined}
+                "stalled_quarantined": self._ctx.stalled_quarantined()}
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._watch()]
 
     async def _watch(self) -> None:
-        worker = self._worker
-        assert worker is not None
-        while not worker.stopping.is_set():
+        ctx = self._ctx
+        assert ctx is not None
+        while not ctx.stopping.is_set():
             await asyncio.sleep(self._every_s)
             stuck = self.stuck()
             if stuck and max(stuck.values()) > self._exit_after_s:
@@ -77,6 +77,5 @@ class StuckCompute(Middleware):
                           "supervisor to restart this worker", exit_code=EXIT_STUCK,
                           stuck_s={m: round(s, 1) for m, s in stuck.items()},
                           stuck_exit_s=self._exit_after_s)
-                worker.exit_code = EXIT_STUCK
-                worker.request_stop()
+                ctx.stop(EXIT_STUCK)
                 return

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.tracing import format_traceparent, remote_context
-from batchfleet.workers.intake import Answer, Intake
+from batchfleet.workers.intake import Intake
+from batchfleet.workers.jobs import Answer
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.runner import BatchRun
 

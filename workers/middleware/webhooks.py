@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from batchfleet.workers.intake import Answer
+from batchfleet.workers.jobs import Answer
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.webhooks import RQCallbackSink
 
 if TYPE_CHECKING:
-    from batchfleet.workers.worker import Worker
+    from batchfleet.workers.context import WorkerContext
 
 
 class Webhooks(Middleware):
@@ -22,5 +22,5 @@ class Webhooks(Middleware):
     async def before_write(self, answers: Sequence[Answer]) -> None:
         await self.sink.enqueue(answers)
 
-    async def on_stop(self, worker: Worker) -> None:
+    async def on_stop(self, ctx: WorkerContext) -> None:
         self.sink.close()

@@ -25,7 +25,7 @@ never starts serving a model it could not load.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,24 +202,3 @@ def _load_onnx(name: str, path: Path, choice: RuntimeChoice,
     onnx_choice = RuntimeChoice("onnx", choice.precision, choice.calibration,
                                 choice.accept_accuracy_loss, choice.tolerance)
     return RuntimeHandler(handler, onnx_choice, max_batch_size, onnx_file=path)
-
-
-def version_lane(model: str, label: str) -> str:
-    """The lane name of one version (``demo-mlp@v2``): its compute slot, and the broker
-    lane only its holders consume (``@`` never occurs in a model name)."""
-    return f"{model}@{label}"
-
-
-def slots(versions: Mapping[str, Mapping[str, ModelHandler]]) -> dict[str, ModelHandler]:
-    """Every version's handler under its :func:`version_lane` name (the compute thread's)."""
-    return {version_lane(m, label): h for m, labels in versions.items()
-            for label, h in labels.items()}
-
-
-def per_model(by_slot: Mapping[str, float]) -> dict[str, float]:
-    """Seconds per slot (``model@label``) summed per model."""
-    out: dict[str, float] = {}
-    for slot, seconds in by_slot.items():
-        model = slot.partition("@")[0]
-        out[model] = out.get(model, 0.0) + seconds
-    return out
