@@ -166,9 +166,16 @@ def _redis(url: str, names: Names, ttl_s: int, max_connections: int | None) -> C
     return open_redis_control_plane(url, names, ttl_s, max_connections)
 
 
+def _memory(url: str, names: Names, ttl_s: int) -> ControlPlane:
+    from batchfleet.connectors.memory_plane import open_memory_control_plane
+
+    return open_memory_control_plane(url, names, ttl_s)
+
+
 #: URL scheme -> factory. A new result store is one module plus one line here.
 FACTORIES: dict[str, PlaneFactory] = {
-    "redis": _redis, "rediss": _redis, "unix": _redis, "redis+cluster": _redis}
+    "redis": _redis, "rediss": _redis, "unix": _redis, "redis+cluster": _redis,
+    "memory": lambda url, names, ttl_s, _: _memory(url, names, ttl_s)}
 
 
 def open_control_plane(url: str, names: Names, ttl_s: int = 24 * 3600,
