@@ -18,12 +18,10 @@ from batchfleet.connectors.memory_control import (
     MemoryCancels,
     MemoryFleet,
     MemoryQuotas,
-    MemoryRollouts,
-    MemoryRolloutStats,
-    MemoryRoutes,
 )
 from batchfleet.connectors.memory_registry import MemoryModelRegistry
 from batchfleet.connectors.memory_results import MemoryAnnouncements, MemoryResults
+from batchfleet.connectors.memory_rollout import MemoryRollouts, MemoryRolloutStats, MemoryRoutes
 from batchfleet.connectors.memory_seams import (
     MemoryDeadLetters,
     MemoryHeartbeats,
@@ -79,8 +77,11 @@ def memory_control_plane(state: MemoryState, ttl_s: int = DEFAULT_TTL_S) -> Memo
 
 def open_memory_control_plane(url: str, names: Names | None = None,
                               ttl_s: int = DEFAULT_TTL_S, max_connections: int | None = None,
-                              *, namespace: str | None = None, **_: Any) -> MemoryControlPlane:
-    """The plane of ``memory://NAME`` for one namespace; ``max_connections`` and other
-    connection options mean nothing in process and are accepted for the door's sake."""
+                              *, namespace: str | None = None, result_ttl_s: int | None = None,
+                              **_: Any) -> MemoryControlPlane:
+    """The plane of ``memory://NAME`` for one namespace (``namespace`` or ``names``) and
+    result TTL (``result_ttl_s`` or ``ttl_s``); connection options (``max_connections``,
+    pool timeouts) mean nothing in one process and are accepted for the door's sake."""
     prefix = namespace or (names.prefix if names is not None else "bf")
-    return memory_control_plane(memory_state(url, prefix), ttl_s)
+    return memory_control_plane(memory_state(url, prefix),
+                                ttl_s if result_ttl_s is None else result_ttl_s)

@@ -19,6 +19,7 @@ from batchfleet.connectors.memory_broker import open_memory_broker
 from batchfleet.connectors.memory_plane import MemoryControlPlane, open_memory_control_plane
 from batchfleet.connectors.memory_state import memory_name, reset_memory
 from batchfleet.connectors.quotas import Quota
+from batchfleet.connectors.result_cache import CacheEntry
 from batchfleet.connectors.result_store import Ownership
 from batchfleet.connectors.rollout_stats import VersionDelta
 from batchfleet.schemas.envelopes import (
@@ -210,3 +211,16 @@ async def test_fleet_snapshot_joins_heartbeats_lanes_and_letters(url: str) -> No
     [bulk] = [lane for lane in snap.lanes if lane.lane == LANE_BULK]
     assert (bulk.depth, bulk.pending, bulk.lag, bulk.workers) == (3, 1, 2, 1)
     assert [w.worker_id for w in snap.workers] == ["w1"]
+
+
+async def test_records_and_cache_entries_expire(url: str) -> None:
+    plane = open_memory_control_plane(url, NAMES, result_ttl_s=1)
+    plane.results.ttl_s = 0.05  # type: ignore[assignment]  # sub-second, to keep the test fast
+    await plane.results.put_pending([("a", b"p")])
+    entry = CacheEntry("v", np.zeros(1, np.float32))
+    await plane.result_cache.put_many([("d", entry)], 1)
+    assert await plane.results.missing(["a"]) == []
+    await asyncio.sleep(0.1)
+    assert await plane.results.missing(["a"]) == ["a"]
+    [hit] = await plane.result_cache.get_many(["d"])
+    assert hit is not None and hit.model_version == "v"
