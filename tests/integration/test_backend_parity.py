@@ -32,6 +32,7 @@ from batchfleet.connectors.memory_broker import open_memory_broker
 from batchfleet.connectors.result_store import Ownership
 from batchfleet.connectors.retry_schedule import Retry
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS
+from batchfleet.schemas.errors import UnknownModelError, ValidationError
 from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 from batchfleet.schemas.registry import Declaration, ModelVersion
 
@@ -287,3 +288,27 @@ async def test_heartbeats_and_registry(backend: Backend) -> None:
     record = await models.get(name)
     assert record is not None and sorted(record.versions) == ["v1", "v2"]
     assert name in await models.names()
+
+
+async def test_rollout_policy_changes(backend: Backend) -> None:
+    """Routing's source of truth: every change bumps the epoch once, even when changes
+    race; unknown versions and models are refused; rollback undoes canary, then stable."""
+    models, name = backend.plane.models, f"m{uuid.uuid4().hex[:6]}"
+    await models.serve("w1", {name: [ModelVersion(v, f"sha:{v}") for v in ("v1", "v2", "v3")]})
+    with pytest.raises(ValidationError, match="no version 'v9'"):
+        await models.set_policy(name, stable="v9", who="t")
+    with pytest.raises(UnknownModelError):
+        await models.promote(f"x{name}", who="t")
+    changes = await asyncio.gather(*(models.set_policy(
+        name, stable="v1", canary="v2", percent=p, who="t") for p in (10.0, 20.0, 30.0)))
+    assert sorted(c.epoch for c in changes) == [1, 2, 3]
+    back = await models.rollback(name, who="t", if_canary="v3")
+    assert back is None  # the canary is not v3: nothing changes
+    off = await models.rollback(name, who="t")
+    assert (off.canary, off.stable, off.epoch) == (None, "v1", 4)
+    moved = await models.set_policy(name, stable="v3", who="t")
+    assert moved.previous == "v1"
+    undone = await models.rollback(name, who="t")
+    assert (undone.stable, undone.previous, undone.epoch) == ("v1", None, 6)
+    assert (await models.policies([name, "absent"])) == {name: undone}
+    assert len(await models.history(name, limit=2)) == 2
