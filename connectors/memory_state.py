@@ -28,6 +28,8 @@ from batchfleet.schemas.errors import ConfigError
 
 SCHEME = "memory"
 DEFAULT_NAME = "default"
+#: How often expired result records are swept out (on a write), beside the lazy check.
+SWEEP_EVERY_S = 10.0
 
 
 def memory_name(url: str) -> str:
@@ -130,6 +132,7 @@ class MemoryState:
         #: Plain key-value seams (heartbeats, cache, …): key -> (value, expires or None).
         self.kv: dict[str, tuple[Any, float | None]] = {}
         self._ids = itertools.count(1)
+        self._next_sweep = time.time() + SWEEP_EVERY_S
         self._last_ms = 0
 
     def next_id(self) -> tuple[int, int]:
@@ -156,7 +159,14 @@ class MemoryState:
         return found
 
     def expire(self, rid: str, ttl_s: float) -> None:
-        self.expiry[rid] = time.time() + ttl_s
+        now = time.time()
+        self.expiry[rid] = now + ttl_s
+        if now >= self._next_sweep:  # what Redis's active expiry does: nothing read again
+            self._next_sweep = now + SWEEP_EVERY_S  # lingers past its TTL for long
+            for gone in [r for r, at in self.expiry.items() if at <= now]:
+                self.delete(gone)
+            for key in [k for k, (_, at) in self.kv.items() if at is not None and at <= now]:
+                del self.kv[key]
 
     def expire_if_none(self, rid: str, ttl_s: float) -> None:
         self.expiry.setdefault(rid, time.time() + ttl_s)

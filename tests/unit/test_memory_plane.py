@@ -224,3 +224,13 @@ async def test_records_and_cache_entries_expire(url: str) -> None:
     assert await plane.results.missing(["a"]) == ["a"]
     [hit] = await plane.result_cache.get_many(["d"])
     assert hit is not None and hit.model_version == "v"
+
+
+async def test_expired_records_are_swept_without_being_read(url: str) -> None:
+    plane = open_memory_control_plane(url, NAMES)
+    plane.results.ttl_s = 0.01  # type: ignore[assignment]
+    await plane.results.put_pending([(f"r{i}", b"p") for i in range(100)])
+    await asyncio.sleep(0.02)
+    plane.state._next_sweep = 0.0  # the sweep is due
+    await plane.results.put_pending([("last", b"p")])
+    assert set(plane.state.records) == {"last"}
