@@ -5,7 +5,7 @@ result cache: the rules of their Redis twins (``dead_letters``, ``retry_schedule
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +32,9 @@ class MemoryDeadLetters:
     """Per-model dead-letter lists; one letter per (request ID, generation)."""
 
     def __init__(self, state: MemoryState, record_ttl_s: int,
-                 registry_names: Any = None) -> None:
+                 registry_names: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+        """``registry_names``: the registered models, which :meth:`models` lists too (as
+        ``DeadLetterQueue.models`` does)."""
         self._state = state
         self._ttl_s = record_ttl_s
         self._registry_names = registry_names
