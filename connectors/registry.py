@@ -33,9 +33,11 @@ _REDIS_PLANE = "batchfleet.connectors.redis_plane:open_redis_control_plane"
 _REDIS_BROKER = "batchfleet.connectors.redis_broker:open_redis_broker"
 #: group -> scheme -> "module:attribute": the built-in backends, as pyproject.toml lists them.
 BUILT_IN: dict[str, dict[str, str]] = {
-    PLANES_GROUP: {s: _REDIS_PLANE for s in ("redis", "rediss", "unix", "redis+cluster")},
+    PLANES_GROUP: {**{s: _REDIS_PLANE for s in ("redis", "rediss", "unix", "redis+cluster")},
+                   "memory": "batchfleet.connectors.memory_plane:open_memory_control_plane"},
     BROKERS_GROUP: {**{s: _REDIS_BROKER for s in ("redis", "rediss", "unix", "redis+cluster")},
-                    "kafka": "batchfleet.connectors.kafka_broker:open_kafka_broker"},
+                    "kafka": "batchfleet.connectors.kafka_broker:open_kafka_broker",
+                    "memory": "batchfleet.connectors.memory_broker:open_memory_broker"},
 }
 
 Factory = Callable[..., Any]

@@ -102,7 +102,7 @@ def parse_url(url: str, schemes: Iterable[str], what: str = "broker") -> ParsedU
             raise _refuse(what, url, "a unix:// URL needs a socket path, unix:///path/to/sock")
         return ParsedURL(scheme, (), None)
     if scheme not in REDIS_SCHEMES and scheme != "kafka":
-        if not rest.strip("/"):
+        if not rest.strip("/") and scheme != "memory":  # memory:// alone: the default store
             raise _refuse(what, url, "nothing after the scheme")
         return ParsedURL(scheme, (), None)  # a backend's own scheme: it checks the rest
     netloc, slash, path = rest.partition("/")

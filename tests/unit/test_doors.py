@@ -11,7 +11,9 @@ import pytest
 from batchfleet.connectors import (
     BrokerURL,
     CombinedSubmit,
+    LaneLossDetection,
     LanePressure,
+    ShardedLanes,
     open_broker,
     open_control_plane,
     registry,
@@ -54,6 +56,29 @@ async def test_the_doors_take_one_set_of_options_whatever_the_scheme() -> None:
     await publisher.close()
 
 
+async def test_memory_is_a_built_in_with_a_plane_and_a_broker() -> None:
+    """``memory://`` opens through the same doors and options as Redis; its consumer has
+    the lane capabilities (no loss ever noted), its broker no combined submit."""
+    from batchfleet.connectors.memory_state import reset_memory
+
+    url = "memory://doors-test"
+    options = {"namespace": "n", "result_ttl_s": 60, "max_connections": 4,
+               "claim_idle_ms": 5, "partitions": 2, "session_timeout_ms": 7}
+    plane = open_control_plane(url, **options)
+    broker = open_broker(url, **options)
+    try:
+        assert broker.url == url and not isinstance(broker, CombinedSubmit)
+        consumer, publisher = broker.consumer("w1"), broker.publisher()
+        assert isinstance(consumer, ShardedLanes) and isinstance(consumer, LaneLossDetection)
+        assert consumer.lane_losses == {} and isinstance(publisher, LanePressure)
+        assert plane.request_control(broker) is plane.cancels
+        assert (await plane.fleet(broker).read()).workers == ()
+        assert results_url_for(BrokerURL.parse(url), None) == url
+    finally:
+        await plane.close()
+        reset_memory(url)
+
+
 def test_an_unknown_scheme_names_the_installed_ones() -> None:
     with pytest.raises(ConfigError, match=r"no broker for scheme 'amqp'; installed: .*kafka"):
         open_broker("amqp://h")
@@ -80,3 +105,13 @@ def test_the_protocols_import_only_the_neutral_values() -> None:
         assert ours <= {"batchfleet.connectors.values", "batchfleet.schemas.errors",
                         "batchfleet.schemas.heartbeat", "batchfleet.schemas.tensors"}, name
         assert not any(m.split(".")[0] in ("redis", "aiokafka") for m in modules), name
+
+
+def test_a_memory_worker_runs_without_webhooks_and_says_so_otherwise() -> None:
+    """Webhooks queue on Redis (RQ): a memory:// worker needs --no-webhooks (or a Redis
+    for the queue), and is told so in one line."""
+    from batchfleet.workers.settings import WorkerSettings
+
+    assert not WorkerSettings.from_url("memory://w", webhooks=False).validated().webhooks
+    with pytest.raises(ConfigError, match="memory:// result store, or --no-webhooks"):
+        WorkerSettings.from_url("memory://w").validated()

@@ -49,8 +49,10 @@ BACKEND_ALLOWED: dict[str, tuple[set[str], str]] = {
     "batchfleet/bench/broker_loop.py": ({"kafka_publisher"},
                                         "the broker-only baseline makes its own topics"),
 }
-_BACKEND_MODULE = re.compile(r"^(redis_\w+|cluster_\w+|kafka\w*|result_store|embedded_\w+)$")
-_BACKEND_NAME = re.compile(r"^(Redis|Kafka|Cluster)[A-Z]\w*$|^open_(?!control_plane$|broker$)\w+$")
+_BACKEND_MODULE = re.compile(
+    r"^(redis_\w+|cluster_\w+|kafka\w*|memory_\w+|result_store|embedded_\w+)$")
+_BACKEND_NAME = re.compile(
+    r"^(Redis|Kafka|Cluster|Memory)[A-Z]\w*$|^open_(?!control_plane$|broker$)\w+$")
 _DOORS = "batchfleet.connectors"
 
 
@@ -156,6 +158,8 @@ def test_the_backend_check_sees_each_way_to_name_one(tmp_path: Path) -> None:
         "from batchfleet.connectors.rollout import open_rollouts": 1,
         "from batchfleet.connectors.model_registry import RedisModelRegistry": 1,
         "from batchfleet.connectors import ClusterThing": 1,
+        "from batchfleet.connectors.memory_plane import MemoryControlPlane": 2,
+        "from batchfleet.connectors import memory_broker": 1,
         "from batchfleet.connectors import open_control_plane, open_broker": 0,
         "from batchfleet.connectors.control_plane import ControlPlane, StoreResults": 0,
         "from batchfleet.connectors.values import StorePressure, TerminalWrite": 0,

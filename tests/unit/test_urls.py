@@ -28,7 +28,7 @@ MALFORMED = {
     "redis://h:6379/0/1": "not /DB",
     "redis://a:1,b:2/0": "takes one host",
     "http://h:6379/0": "unknown scheme 'http'",
-    "memory://": "unknown scheme 'memory'",
+    "nosuch://h": "unknown scheme 'nosuch'",
     "redis+cluster://": "no host list",
     "redis+cluster://,": "no host",
     "redis+cluster://a:1,,b:2": "no host",
@@ -43,7 +43,7 @@ MALFORMED = {
 GOOD = ("redis://localhost:6379/0", "redis://h/3", "redis://h", "rediss://u:p@h:6380/1",
         "redis://[::1]:6379/0", "redis://h:6379/0?socket_timeout=3", "unix:///tmp/r.sock",
         "redis+cluster://a:7000,b:7001", "redis+cluster://:pw@a:7000/0", "kafka://k:9092",
-        "kafka://a:9092,b:9093/")
+        "kafka://a:9092,b:9093/", "memory://", "memory://nb")
 
 
 @pytest.mark.parametrize(("url", "why"), MALFORMED.items())
@@ -93,8 +93,8 @@ def test_the_schemes_come_from_the_doors_registry(monkeypatch: pytest.MonkeyPatc
     finally:
         monkeypatch.undo()
         registry.forget_installed()
-    assert set(registry.broker_schemes()) >= {"redis", "kafka", "redis+cluster"}
-    with pytest.raises(URLError, match="schemes are kafka, redis"):
+    assert set(registry.broker_schemes()) >= {"redis", "kafka", "redis+cluster", "memory"}
+    with pytest.raises(URLError, match="schemes are kafka, memory, redis"):
         parse_url("x://h", registry.broker_schemes())
 
 
