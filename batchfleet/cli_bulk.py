@@ -55,16 +55,14 @@ def _configure_logging(fmt: str, level: str) -> None:
 
 def _jobs_call(broker: str, results: str | None, namespace: str,
                body: Callable[[BulkJobStore], Awaitable[T]]) -> T:
-    from batchfleet.connectors.bulk_jobs import open_bulk_jobs
-    from batchfleet.producers.bulk import Endpoints
-    from batchfleet.schemas.names import Names
+    from batchfleet.options import open_doors
 
     async def go() -> T:
-        jobs = open_bulk_jobs(Endpoints(broker, results).results_url, Names(namespace))
+        plane, _ = open_doors(broker, results, namespace)
         try:
-            return await body(jobs)
+            return await body(plane.bulk_jobs)
         finally:
-            await jobs.close()
+            await plane.close()
 
     return asyncio.run(go())
 

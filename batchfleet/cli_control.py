@@ -29,6 +29,7 @@ from batchfleet.options import (
     error_line,
     fail,
     handled,
+    open_doors,
 )
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, dump, output_format, render
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
@@ -102,19 +103,16 @@ def cancel(
 
         batchfleet cancel 3f2a9c... 77b1d0... -o wide
     """
-    from batchfleet.connectors import BrokerURL, open_result_store, results_url_for
-    from batchfleet.connectors.request_control import CancelReport, open_request_control
-    from batchfleet.schemas.names import Names
+    from batchfleet.connectors.request_control import CancelReport
 
     async def go() -> list[CancelReport]:
-        parsed = BrokerURL.parse(broker)
-        store = open_result_store(results_url_for(parsed, results), Names(namespace))
-        control = open_request_control(parsed, store)
+        plane, door = open_doors(broker, results, namespace)
+        control = plane.request_control(door)
         try:
             return await control.cancel(request_ids)
         finally:
             await control.close()
-            await store.close()
+            await plane.close()
 
     output = output_format(output, as_json)
     reports = _run(go)
@@ -159,15 +157,11 @@ def purge(
 
         batchfleet lane purge demo-mlp --yes -o wide
     """
-    from batchfleet.connectors import BrokerURL, open_result_store, results_url_for
-    from batchfleet.connectors.model_registry import model_registry_for
-    from batchfleet.connectors.request_control import (
-        PurgeReport,
-        RequestControl,
-        open_request_control,
-    )
+    from batchfleet.connectors import BrokerURL
+    from batchfleet.connectors.control_plane import RequestControl
+    from batchfleet.connectors.request_control import PurgeReport
     from batchfleet.schemas.errors import BatchfleetError
-    from batchfleet.schemas.names import LANES, Names, check_lane, check_model_name
+    from batchfleet.schemas.names import LANES, check_lane, check_model_name
     from batchfleet.schemas.registry import UnregisteredModelError
 
     output = output_format(output, as_json)
@@ -181,10 +175,10 @@ def purge(
         raise fail("lane purge needs Redis Streams: Kafka cannot delete records from a "
                    "topic (cancel request IDs instead: batchfleet cancel)", USAGE)
     async def with_control(body: Callable[[RequestControl], Coroutine[Any, Any, T]]) -> T:
-        store = open_result_store(results_url_for(parsed, results), Names(namespace))
-        control = open_request_control(parsed, store)
+        plane, door = open_doors(broker, results, namespace)
+        control = plane.request_control(door)
         try:
-            known = await model_registry_for(store).names()
+            known = await plane.models.names()
             if model not in known and not any(
                     (await control.lane_depths(model, lanes)).values()):
                 # a typo must not look like an empty lane purged
@@ -192,7 +186,7 @@ def purge(
             return await body(control)
         finally:
             await control.close()
-            await store.close()
+            await plane.close()
 
     if not yes:  # read first: the question says how many, and a dead Redis fails here
         depths = _run(lambda: with_control(lambda c: c.lane_depths(model, lanes)))
@@ -295,25 +289,21 @@ def check(
 
         batchfleet check -o wide --no-headers
     """
-    from batchfleet.connectors import BrokerURL
-    from batchfleet.connectors.fleet import FleetReader
-    from batchfleet.connectors.urls import results_url_for
     from batchfleet.schemas.errors import ConfigError
-    from batchfleet.schemas.names import Names
 
     output = output_format(output, as_json)
     try:
-        parsed = BrokerURL.parse(broker)
-        results_url = results_url_for(parsed, results)
+        plane, door = open_doors(broker, results, namespace)
     except ConfigError as exc:
         raise fail(str(exc), USAGE) from exc
 
     async def go() -> FleetSnapshot:
-        reader = FleetReader(parsed, results_url, Names(namespace))
+        reader = plane.fleet(door)
         try:
             return await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
         finally:
             await reader.close()
+            await plane.close()
 
     problems = fleet_problems(_run(go, UNHEALTHY), stalled_after_s, model or ())
     if output in ("json", "yaml"):

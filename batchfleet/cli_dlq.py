@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from batchfleet.connectors.dead_letters import DeadLetter
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.dlq import DeadLetterOps, ReplayReport, Selection
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
 from batchfleet.output import (

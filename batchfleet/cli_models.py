@@ -13,7 +13,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from batchfleet.connectors.model_registry import RedisModelRegistry, Undeclared, open_model_registry
+from batchfleet.connectors.model_registry import ModelRegistry, Undeclared
 from batchfleet.options import (
     BrokerOpt,
     JsonOpt,
@@ -52,9 +52,9 @@ NameArg = Annotated[str, typer.Argument(help="The model's name.")]
 
 
 def _run(broker: str, results: str | None, namespace: str,
-         body: Callable[[RedisModelRegistry], Awaitable[T]]) -> T:
+         body: Callable[[ModelRegistry], Awaitable[T]]) -> T:
     """Run ``body`` against the registry; our errors exit 1 with one line."""
-    return run_against(open_model_registry, broker, results, namespace, body)
+    return run_against(lambda plane: plane.models, broker, results, namespace, body)
 
 
 def _spec(option: str, text: str | None) -> TensorSpec | None:

@@ -16,7 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from batchfleet.connectors.rollout import Rollouts, RolloutStatus, default_who, open_rollouts
+from batchfleet.connectors.control_plane import Rollouts
+from batchfleet.connectors.rollout import RolloutStatus, default_who
 from batchfleet.options import (
     BrokerOpt,
     JsonOpt,
@@ -56,7 +57,7 @@ WhoOpt = Annotated[str | None, typer.Option(
 def _run(broker: str, results: str | None, namespace: str,
          body: Callable[[Rollouts], Awaitable[T]]) -> T:
     """Run ``body`` against the fleet's rollouts; our errors exit 1 with one line."""
-    return run_against(open_rollouts, broker, results, namespace, body)
+    return run_against(lambda plane: plane.rollouts, broker, results, namespace, body)
 
 
 def _changed(policy: RolloutPolicy, output: str) -> None:

@@ -17,13 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
-from batchfleet import connectors
-from batchfleet.connectors.rollout_stats import ShadowReport, rollout_stats_for
-from batchfleet.connectors.urls import BrokerURL, results_url_for
-from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail
+from batchfleet.connectors.rollout_stats import ShadowReport
+from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail, open_doors
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, console, dump, output_format, table
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.schemas.names import Names
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 
@@ -51,12 +48,11 @@ def report(
     output = output_format(output, as_json)
 
     async def read() -> ShadowReport | None:
-        store = connectors.open_result_store(results_url_for(BrokerURL.parse(broker), results),
-                                             Names(namespace))
+        plane, _ = open_doors(broker, results, namespace)
         try:
-            return await rollout_stats_for(store).read_comparisons(model)
+            return await plane.rollout_stats.read_comparisons(model)
         finally:
-            await store.close()
+            await plane.close()
 
     try:
         found = asyncio.run(read())

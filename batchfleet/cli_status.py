@@ -11,17 +11,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from batchfleet.connectors.control_plane import FleetReads
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
 from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, iso_times, output_format
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
-from batchfleet.status import FleetReader, FleetSnapshot, render
+from batchfleet.status import FleetSnapshot, render
 
 #: A snapshot that takes longer than this counts as failed (an unreachable Redis).
 READ_TIMEOUT_S = 10.0
 
 
-async def _read(reader: FleetReader) -> FleetSnapshot:
+async def _read(reader: FleetReads) -> FleetSnapshot:
     return await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
 
 
@@ -34,7 +35,7 @@ def _show(snap: FleetSnapshot, output: str, no_headers: bool) -> None:
         console().print(render(snap, wide=output == "wide", no_headers=no_headers))
 
 
-async def _watch(reader: FleetReader, output: str, no_headers: bool, interval: float) -> None:
+async def _watch(reader: FleetReads, output: str, no_headers: bool, interval: float) -> None:
     """Refresh until interrupted; a failed read is shown and retried, never fatal."""
     if output in ("json", "yaml"):  # one document per snapshot: JSON lines, YAML "---"
         while True:
@@ -89,14 +90,11 @@ def status(
 
         batchfleet status --json --watch --interval 10 >> fleet.ndjson
     """
-    from batchfleet.connectors import BrokerURL
-    from batchfleet.connectors.urls import results_url_for
+    from batchfleet.options import open_doors
     from batchfleet.schemas.errors import ConfigError
-    from batchfleet.schemas.names import Names
 
     try:
-        parsed = BrokerURL.parse(broker)
-        results_url = results_url_for(parsed, results)
+        plane, door = open_doors(broker, results, namespace)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
     output = output_format(output, as_json)
@@ -104,7 +102,7 @@ def status(
     live = watch if watch is not None else (not structured and sys.stdout.isatty())
 
     async def go() -> None:
-        reader = FleetReader(parsed, results_url, Names(namespace))
+        reader = plane.fleet(door)
         try:
             if live:
                 await _watch(reader, output, no_headers, interval)
@@ -112,6 +110,7 @@ def status(
                 _show(await _read(reader), output, no_headers)
         finally:
             await reader.close()
+            await plane.close()
 
     try:
         asyncio.run(go())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
 
 import typer
 
@@ -17,6 +17,9 @@ from batchfleet.schemas.settings import (
     RESULTS,
 )
 from batchfleet.settings_options import shared_info
+
+if TYPE_CHECKING:
+    from batchfleet.connectors import Broker, ControlPlane
 
 #: The connection and callback options every hand-written command shares, generated from
 #: their one declaration in ``schemas/settings.py`` (flag, variable, help); a command's
@@ -43,25 +46,35 @@ class _Closable(Protocol):
 
 
 C = TypeVar("C", bound=_Closable)
+S = TypeVar("S")
 R = TypeVar("R")
 V = TypeVar("V")
 
 
-def run_against(opener: Callable[[str, Any], C], broker: str, results: str | None,
-                namespace: str, body: Callable[[C], Awaitable[R]]) -> R:
-    """Open a control-plane object on the results store, run ``body`` with it, close it;
-    the project's errors exit 1 with one line (the commands that only read or change
-    the store: ``models``, ``rollout``)."""
-    from batchfleet.connectors.urls import BrokerURL, results_url_for
+def open_doors(broker: str, results: str | None, namespace: str
+               ) -> tuple[ControlPlane, Broker]:
+    """The control plane (``--results``, or the broker's URL) and the broker, through the
+    doors; nothing dials until used. The caller closes the plane."""
+    from batchfleet.connectors import BrokerURL, open_broker, open_control_plane, results_url_for
+
+    parsed = BrokerURL.parse(broker)
+    plane = open_control_plane(results_url_for(parsed, results), namespace=namespace)
+    return plane, open_broker(parsed.url, namespace=namespace)
+
+
+def run_against(seam: Callable[[ControlPlane], S], broker: str, results: str | None,
+                namespace: str, body: Callable[[S], Awaitable[R]]) -> R:
+    """Open the control plane, run ``body`` with one of its seams, close it; the project's
+    errors exit 1 with one line (the commands that only read or change the plane:
+    ``models``, ``rollout``)."""
     from batchfleet.schemas.errors import BatchfleetError
-    from batchfleet.schemas.names import Names
 
     async def go() -> R:
-        thing = opener(results_url_for(BrokerURL.parse(broker), results), Names(namespace))
+        plane, _ = open_doors(broker, results, namespace)
         try:
-            return await body(thing)
+            return await body(seam(plane))
         finally:
-            await thing.close()
+            await plane.close()
 
     try:
         return asyncio.run(go())

@@ -17,7 +17,6 @@ from rich.table import Table
 from rich.text import Text
 
 from batchfleet.connectors.fleet import (
-    FleetReader,
     FleetSnapshot,
     LaneView,
     StreamStats,
@@ -27,7 +26,7 @@ from batchfleet.connectors.fleet import (
 )
 from batchfleet.output import human_time
 
-__all__ = ["FleetReader", "FleetSnapshot", "LaneView", "StreamStats", "WorkerView",
+__all__ = ["FleetSnapshot", "LaneView", "StreamStats", "WorkerView",
            "lanes_table", "parse_heartbeat", "render", "summarize", "workers_table"]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import msgpack
 import redis.asyncio as aioredis
@@ -23,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster, refresh_topology
+from batchfleet.connectors.values import Announced
 from batchfleet.schemas.errors import ResultStoreError, ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.validation import check_request_id
@@ -30,12 +31,6 @@ from batchfleet.schemas.validation import check_request_id
 _CLOSE_TIMEOUT_S = 2.0
 
 log = structlog.get_logger("batchfleet.client")
-
-
-class Announced(NamedTuple):
-    request_id: str
-    #: The result envelope; None when the message carried the ID alone (read it back).
-    body: bytes | None
 
 
 def parse_announcement(data: bytes) -> list[Announced]:

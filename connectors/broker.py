@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from batchfleet.connectors.values import Ownership, StorePressure, SubmitState
 from batchfleet.schemas.errors import ConfigError
 
 
@@ -100,17 +101,73 @@ class ShardSource(Protocol):
     async def consumed_shards(self, names: Sequence[str]) -> dict[str, int]: ...
 
 
+class Broker(Protocol):
+    """What ``connectors.open_broker(url, **options)`` returns: the maker of one
+    namespace's publishers and consumers on one broker (options in docs/architecture.md).
+
+    The broker owns nothing shared: each publisher and consumer it makes holds its own
+    connections and is closed by whoever made it."""
+
+    #: The URL it was opened with (what status pages and errors show).
+    url: str
+
+    def publisher(self) -> Publisher: ...
+
+    def consumer(self, consumer_name: str) -> Consumer: ...
+
+
+@runtime_checkable
+class ShardedLanes(Protocol):
+    """A consumer whose lanes can be split into shard streams (Redis Streams)."""
+
+    async def use_shards(self, own: Mapping[str, int], source: ShardSource | None = None
+                         ) -> None: ...
+
+
+@runtime_checkable
+class LaneLossDetection(Protocol):
+    """A consumer that notices lanes the broker lost (model lane -> when, in ms); the
+    worker's heartbeat records them in the control plane and forgets them once noted."""
+
+    lane_losses: dict[str, int]
+
+
+@runtime_checkable
+class LanePressure(Protocol):
+    """A publisher that can read its server's memory with lane depths (one pipeline),
+    which the client's admission control reads instead of the store's."""
+
+    async def pressure(self, lanes: Sequence[tuple[str, str]],
+                       shards: Mapping[str, int] | None = None) -> StorePressure: ...
+
+
+class OneTrip(Protocol):
+    """Records and publishes a chunk of requests in one call (``CombinedSubmit``)."""
+
+    async def submit(self, records: Sequence[tuple[str, bytes]], owners: Sequence[Ownership],
+                     messages: Sequence[OutboundMessage]) -> list[SubmitState]: ...
+
+
+@runtime_checkable
+class CombinedSubmit(Protocol):
+    """A broker that can record requests in the control plane and publish them in one
+    round trip, where the plane lives on the broker's own server (single-node Redis)."""
+
+    def one_trip(self, plane: Any) -> OneTrip | None:
+        """The one-trip submit over ``plane``, or None where it does not apply."""
+        ...
+
+
 async def shard_lanes(consumer: Consumer, own: Mapping[str, int],
                       source: ShardSource | None = None) -> None:
     """Have a started consumer read every shard stream of its lanes: ``own`` (model ->
     this worker's ``--lane-shards``) and whatever ``source`` says may still hold work,
     re-read as it goes. A transport without shard streams (Kafka: a topic is already
     split into partitions) takes only 1 and refuses more with a ConfigError."""
-    use = getattr(consumer, "use_shards", None)
-    if use is None:
+    if not isinstance(consumer, ShardedLanes):
         sharded = sorted(m for m, k in own.items() if k > 1)
         if sharded:
             raise ConfigError(f"--lane-shards is for Redis Streams only ({', '.join(sharded)}): "
                               "a Kafka lane scales by partitions (--kafka-partitions)")
         return
-    await use(own, source)
+    await consumer.use_shards(own, source)

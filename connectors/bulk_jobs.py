@@ -58,10 +58,13 @@ def _flat(fields: Mapping[str, Any]) -> list[Any]:
 
 
 class RedisBulkJobs:
-    """A ``BulkJobStore`` over one Redis client (owned: :meth:`close` closes it)."""
+    """A ``BulkJobStore`` over one Redis client (owned: :meth:`close` closes it; a control
+    plane's shares the plane's client, which the plane closes)."""
 
-    def __init__(self, client: aioredis.Redis, names: Names) -> None:
+    def __init__(self, client: aioredis.Redis, names: Names, *, owns_client: bool = True
+                 ) -> None:
         self._redis, self._names = client, names
+        self._owns_client = owns_client
         self._fenced = client.register_script(_FENCED_HSET)
         self._steal = client.register_script(_STEAL)
         self._release = client.register_script(_RELEASE)
@@ -146,7 +149,8 @@ class RedisBulkJobs:
                 await self._redis.zrem(self._names.bulk_jobs, *job_ids)
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        if self._owns_client:
+            await self._redis.aclose()
 
 
 def open_bulk_jobs(url: str, names: Names) -> RedisBulkJobs:

@@ -26,9 +26,10 @@ from typing import Any
 import msgpack
 
 from batchfleet.connectors.cluster_store import eval_per_slot
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
+from batchfleet.connectors.dead_letters import DeadLetterQueue
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.errors import ResultStoreError
 
 #: Per key: -1 superseded by a replay, 0 already lettered or terminal, 1 eligible.

@@ -26,7 +26,6 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from batchfleet.connectors import result_store as rs
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.result_store import (
@@ -38,14 +37,17 @@ from batchfleet.connectors.result_store import (
     PUT_PENDING_SCRIPT,
     REOPEN_SCRIPT,
     WITHDRAW_SCRIPT,
+    ResultStore,
+    text_or_none,
+)
+from batchfleet.connectors.values import (
+    DEFAULT_TTL_S,
     CancelView,
     DeliveryCount,
     Ownership,
-    ResultStore,
     StoredRecord,
     SubmitState,
     TerminalWrite,
-    text_or_none,
 )
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS
 from batchfleet.schemas.errors import ResultStoreError
@@ -235,7 +237,7 @@ class ClusterResultStore(ResultStore):
         return [rid for rid, there in zip(request_ids, found, strict=True) if not there]
 
 
-def store_for(client: aioredis.Redis, names: Names, ttl_s: int = rs.DEFAULT_TTL_S
+def store_for(client: aioredis.Redis, names: Names, ttl_s: int = DEFAULT_TTL_S
               ) -> ResultStore:
     """The result store for a client: the cluster variant on a Redis Cluster."""
     if is_cluster(client):

@@ -2,8 +2,11 @@
 
 Workers, producers and the CLI talk to these seams, never to a driver: each
 protocol is one job, and :class:`ControlPlane` holds one implementation of each.
-Redis implements them all today (``connectors.redis_plane``); another store is
-one module with an ``open_*`` function plus one line in :data:`FACTORIES`.
+Redis implements them all (``connectors.redis_plane``); another store is one module
+with a factory registered under its URL scheme (``connectors.registry``). The
+protocols speak the neutral values of ``connectors.values``; the values of one seam
+(a cancel report, a quota, rollout stats) are named from that seam's module for
+type checking only.
 
 * :class:`Results` — pending records and first-terminal-wins writes, reads, replay.
 * :class:`Announcements` — subscribe to the IDs finished for one client (the
@@ -19,30 +22,52 @@ one module with an ``open_*`` function plus one line in :data:`FACTORIES`.
 
 * :class:`ModelRegistry` — one record per model: versions, declared, served, policy
   (its own module, ``connectors.model_registry``).
+* :class:`Cancels` — the IDs cancelled while queued, taken out of a batch by workers.
+* :class:`RequestControl` — cancel and lane purge (with the broker's lanes, where it has them).
+* :class:`Routes` — settled per-request version choices of a rollout.
+* :class:`RolloutStats` / :class:`Rollouts` — per-version stats; rollout operations.
+* :class:`Quotas` — per-key rate and in-flight admission (the gateway).
+* :class:`BulkJobStore` — bulk job records, leases and shard index.
+* :class:`FleetReads` — the fleet snapshot ``status`` shows.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from batchfleet.connectors.announcements import Announced
-from batchfleet.connectors.dead_letters import DeadLetter, Lettered, Undecodable
-from batchfleet.connectors.model_registry import ModelRegistry
-from batchfleet.connectors.redis_pressure import RedisPressure
-from batchfleet.connectors.result_cache import CacheEntry
-from batchfleet.connectors.result_store import (
+from batchfleet.connectors.values import (
+    Announced,
+    CacheEntry,
+    CancelView,
+    DeadLetter,
     DeliveryCount,
+    Lettered,
     Ownership,
+    Retry,
     StoredRecord,
+    StorePressure,
     SubmitState,
     TerminalWrite,
+    Undecodable,
 )
-from batchfleet.connectors.retry_schedule import Retry
-from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.heartbeat import HeartbeatRecord
-from batchfleet.schemas.names import Names
 
+if TYPE_CHECKING:
+    from batchfleet.connectors.broker import Broker
+    from batchfleet.connectors.fleet import FleetSnapshot
+    from batchfleet.connectors.model_registry import ModelRegistry
+    from batchfleet.connectors.quotas import Admission, Quota
+    from batchfleet.connectors.request_control import CancelReport, PurgeReport
+    from batchfleet.connectors.rollout import RolloutStatus
+    from batchfleet.connectors.rollout_stats import (
+        ComparisonDelta,
+        ShadowReport,
+        VersionDelta,
+        VersionStats,
+    )
+    from batchfleet.connectors.routes import RouteTable
+    from batchfleet.schemas.registry import GuardThresholds, RolloutPolicy
 
 class Results(Protocol):
     ttl_s: int
@@ -56,6 +81,8 @@ class Results(Protocol):
                           ) -> list[StoredRecord | None]: ...
     async def missing(self, request_ids: Sequence[str]) -> list[str]: ...
     async def reopen_for_replay(self, records: Sequence[tuple[str, bytes]]) -> list[int]: ...
+    async def cancel_views(self, request_ids: Sequence[str]) -> list[CancelView | None]: ...
+    async def withdraw_pending(self, request_ids: Sequence[str]) -> int: ...
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -82,7 +109,7 @@ class LaneLosses(Protocol):
 
 
 class Pressure(Protocol):
-    async def pressure(self) -> RedisPressure: ...
+    async def pressure(self) -> StorePressure: ...
 
 
 class DeadLetters(Protocol):
@@ -131,59 +158,70 @@ class StoreResults(Results, DeliveryLedger, LaneLosses, Pressure, Protocol):
     beside the results, so one implementation answers all four."""
 
 
-class ControlPlane(Protocol):
-    """One implementation of each seam. A store module provides a frozen dataclass with
-    these fields (``redis_plane.RedisControlPlane``); callers see only the protocols."""
+class Cancels(Protocol):
+    """The worker's side of a cancel: how many IDs are cancelled, and taking them out of
+    a batch (removed as they are taken, so the set empties again)."""
 
-    @property
-    def results(self) -> StoreResults: ...
-    @property
-    def announcements(self) -> Announcements: ...
-    @property
-    def dead_letters(self) -> DeadLetters: ...
-    @property
-    def undecodable(self) -> UndecodableLetters: ...
-    @property
-    def retry_schedule(self) -> RetrySchedule: ...
-    @property
-    def heartbeats(self) -> Heartbeats: ...
-    @property
-    def models(self) -> ModelRegistry: ...
-    @property
-    def result_cache(self) -> ResultCache: ...
-
-    async def close(self) -> None:
-        """Close the connections the seams share (once, whatever number of seams)."""
+    async def size(self) -> int: ...
+    async def take(self, request_ids: Sequence[str]) -> set[str]: ...
 
 
-#: Opens a control plane: (url, names, ttl_s, max_connections) -> ControlPlane.
-PlaneFactory = Callable[[str, Names, int, "int | None"], ControlPlane]
+class RequestControl(Protocol):
+    """Cancel and purge; made per broker, as a purge reads and deletes the broker's lanes
+    (a broker without lanes to purge, Kafka, refuses a purge with a ConfigError)."""
+
+    async def cancel(self, request_ids: Sequence[str]) -> list[CancelReport]: ...
+    async def lane_depths(self, model: str, lanes: Sequence[str]) -> dict[str, int]: ...
+    async def purge_lane(self, model: str, lane: str) -> PurgeReport: ...
+    async def close(self) -> None: ...
 
 
-def _redis(url: str, names: Names, ttl_s: int, max_connections: int | None) -> ControlPlane:
-    from batchfleet.connectors.redis_plane import open_redis_control_plane
+class Routes(Protocol):
+    """Per-request version choices, settled first-wins so a redelivery keeps its version."""
 
-    return open_redis_control_plane(url, names, ttl_s, max_connections)
-
-
-#: URL scheme -> factory. A new result store is one module plus one line here.
-FACTORIES: dict[str, PlaneFactory] = {
-    "redis": _redis, "rediss": _redis, "unix": _redis, "redis+cluster": _redis}
+    async def tables(self, models: Sequence[str], now: float | None = None
+                     ) -> dict[str, RouteTable]: ...
+    async def settle(self, model: str, choices: Mapping[str, str]) -> dict[str, str]: ...
 
 
-def open_control_plane(url: str, names: Names, ttl_s: int = 24 * 3600,
-                       max_connections: int | None = None) -> ControlPlane:
-    """The control plane behind ``url``, chosen by its scheme."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    factory = FACTORIES.get(scheme)
-    if factory is None:
-        raise ConfigError(f"no result store for {url!r}: schemes are {sorted(FACTORIES)}")
-    return factory(url, names, ttl_s, max_connections)
+class RolloutStats(Protocol):
+    """Per-version and shadow-comparison stats, flushed by workers, read by rollouts."""
+
+    async def flush_versions(self, model: str, epoch: int,
+                             deltas: Mapping[tuple[str, str], VersionDelta]) -> None: ...
+    async def read_versions(self, model: str, labels: Iterable[str]
+                            ) -> dict[str, VersionStats]: ...
+    async def flush_comparisons(self, model: str, epoch: int, d: ComparisonDelta) -> None: ...
+    async def read_comparisons(self, model: str) -> ShadowReport | None: ...
+    async def claim_guard(self, model: str, epoch: int, holder: str, ttl_s: int = 3600
+                          ) -> bool: ...
+
+
+class Rollouts(Protocol):
+    """The rollout operations (``connectors.rollout.Rollouts``) over the plane's seams."""
+
+    registry: ModelRegistry
+
+    async def set(self, model: str, *, stable: str, canary: str | None = None,
+                  percent: float = 0.0, shadow: str | None = None,
+                  guard: GuardThresholds | None = None, who: str, why: str = ""
+                  ) -> RolloutPolicy: ...
+    async def promote(self, model: str, *, who: str, why: str = "") -> RolloutPolicy: ...
+    async def rollback(self, model: str, *, who: str, why: str = "") -> RolloutPolicy: ...
+    async def status(self, model: str, history: int = ...) -> RolloutStatus: ...
+    async def close(self) -> None: ...
+
+
+class Quotas(Protocol):
+    """Per-key admission: a token bucket and in-flight slots freed by terminal writes."""
+
+    async def admit(self, owner: str, quota: Quota, request_ids: Sequence[str]
+                    ) -> Admission: ...
+    async def release(self, owner: str, request_ids: Sequence[str]) -> None: ...
 
 
 class BulkJobStore(Protocol):
-    """Bulk job records (``connectors.bulk_jobs``): fields, a lease, an index for listing.
-    Outside the :class:`ControlPlane` because only ``bulk`` runs and the CLI open it."""
+    """Bulk job records (``connectors.bulk_jobs``): fields, a lease, an index for listing."""
 
     async def take_lease(self, job_id: str, token: str, ttl_s: int) -> str | None: ...
     async def steal_lease(self, job_id: str, holder: str, token: str, ttl_s: int
@@ -202,3 +240,57 @@ class BulkJobStore(Protocol):
     async def shards_of(self, job_id: str) -> list[str]: ...
     async def unindex(self, job_ids: Sequence[str]) -> None: ...
     async def close(self) -> None: ...
+
+
+class FleetReads(Protocol):
+    """Snapshots of the fleet (workers, lanes, DLQ sizes) without scanning the keyspace;
+    made per broker, whose lanes it reads where it can."""
+
+    async def read(self) -> FleetSnapshot: ...
+    async def close(self) -> None: ...
+
+
+class ControlPlane(Protocol):
+    """One implementation of each seam. A store module provides a frozen dataclass with
+    these fields (``redis_plane.RedisControlPlane``); callers see only the protocols.
+    ``close`` closes every seam's connections (the seams share them)."""
+
+    @property
+    def results(self) -> StoreResults: ...
+    @property
+    def announcements(self) -> Announcements: ...
+    @property
+    def dead_letters(self) -> DeadLetters: ...
+    @property
+    def undecodable(self) -> UndecodableLetters: ...
+    @property
+    def retry_schedule(self) -> RetrySchedule: ...
+    @property
+    def heartbeats(self) -> Heartbeats: ...
+    @property
+    def models(self) -> ModelRegistry: ...
+    @property
+    def result_cache(self) -> ResultCache: ...
+    @property
+    def cancels(self) -> Cancels: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def rollout_stats(self) -> RolloutStats: ...
+    @property
+    def rollouts(self) -> Rollouts: ...
+    @property
+    def quotas(self) -> Quotas: ...
+    @property
+    def bulk_jobs(self) -> BulkJobStore: ...
+
+    def request_control(self, broker: Broker) -> RequestControl:
+        """Cancel and purge over this plane and ``broker``'s lanes (closed by the caller)."""
+        ...
+
+    def fleet(self, broker: Broker) -> FleetReads:
+        """A fleet reader over this plane and ``broker`` (closed by the caller)."""
+        ...
+
+    async def close(self) -> None:
+        """Close the connections the seams share (once, whatever number of seams)."""

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import msgpack
@@ -32,6 +30,7 @@ import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.connectors.values import DeadLetter, Lettered, Undecodable
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -70,43 +69,6 @@ for i = 2, #KEYS, 2 do
 end
 return out
 """
-
-
-class Lettered(IntEnum):
-    """What ``DeadLetterQueue.add`` did with one letter."""
-
-    #: The record is at a newer generation (replayed): this copy is superseded, drop it.
-    STALE = -1
-    #: Already dead-lettered at this generation, or already terminal: no second entry.
-    KNOWN = 0
-    ADDED = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Undecodable:
-    raw: bytes
-    reason: str
-    source: str
-
-
-@dataclass(slots=True)
-class DeadLetter:
-    """One dead-lettered request."""
-
-    request_id: str
-    model: str
-    envelope: bytes
-    attempts: int
-    errors: list[dict[str, Any]]
-    reason: str
-    dead_at: float = field(default_factory=time.time)
-    entry_id: str = ""
-    #: The request's generation: at most one letter per (request ID, generation).
-    generation: int = 0
-
-    @property
-    def last_error_type(self) -> str:
-        return str(self.errors[-1].get("type", "")) if self.errors else ""
 
 
 class UndecodableSink:

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from batchfleet.connectors import BrokerURL, OutboundMessage, open_publisher
-from batchfleet.connectors.broker import Publisher
-from batchfleet.connectors.control_plane import DeadLetters, Results, open_control_plane
-from batchfleet.connectors.dead_letters import DeadLetter
-from batchfleet.connectors.urls import results_url_for
+from batchfleet.connectors.broker import OutboundMessage, Publisher
+from batchfleet.connectors.control_plane import DeadLetters, Results
+from batchfleet.connectors.registry import open_broker, open_control_plane
+from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.schemas.envelopes import Result, decode_request, encode_request, encode_result
 from batchfleet.schemas.names import Names
 
@@ -57,7 +57,9 @@ class DeadLetterOps:
     def __init__(self, broker: str, results: str | None, namespace: str = "bf") -> None:
         self._broker = BrokerURL.parse(broker)
         self._names = Names(namespace)
-        self._plane = open_control_plane(results_url_for(self._broker, results), self._names)
+        self._plane = open_control_plane(results_url_for(self._broker, results),
+                                         namespace=namespace)
+        self._broker_door = open_broker(self._broker.url, namespace=namespace)
         self._store: Results = self._plane.results
         self.queue: DeadLetters = self._plane.dead_letters
 
@@ -89,7 +91,7 @@ class DeadLetterOps:
     async def replay_selected(self, selection: Selection) -> ReplayReport:
         """Replay every selected letter, page by page (see :meth:`replay`)."""
         report = ReplayReport()
-        publisher = open_publisher(self._broker, self._names)
+        publisher = self._broker_door.publisher()
         try:
             async for page in self.queue_pages(selection):
                 await self._replay(page, publisher, report)
@@ -125,7 +127,7 @@ class DeadLetterOps:
     async def replay(self, letters: Sequence[DeadLetter]) -> ReplayReport:
         """Re-run these letters' requests under their own IDs and a new generation."""
         report = ReplayReport()
-        publisher = open_publisher(self._broker, self._names)
+        publisher = self._broker_door.publisher()
         try:
             await self._replay(letters, publisher, report)
         finally:

@@ -248,7 +248,7 @@ class FleetReader:
     lanes (each pipelined)."""
 
     def __init__(self, broker: BrokerURL, results_url: str, names: Names) -> None:
-        from batchfleet.connectors import redis_client
+        from batchfleet.connectors.redis_client import redis_client
 
         self._broker = broker
         self._names = names = names_for(results_url, names)

@@ -43,7 +43,6 @@ import redis.asyncio as aioredis
 from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import queue_script
-from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import ResultStoreError, UnknownModelError, ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (
@@ -516,11 +515,6 @@ def _count(value: bytes | str | None) -> int:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def model_registry_for(store: ResultStore) -> RedisModelRegistry:
-    """The registry over an open result store's connections (closed with the store)."""
-    return RedisModelRegistry(store.redis, store.names)
 
 
 def open_model_registry(url: str, names: Names) -> RedisModelRegistry:

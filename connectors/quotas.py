@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.result_store import DEFAULT_TTL_S, ResultStore
+from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 

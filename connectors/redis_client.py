@@ -29,6 +29,7 @@ from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import ConnectionError, MaxConnectionsError, RedisError
 
+from batchfleet.connectors.values import DEFAULT_POOL_TIMEOUT_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
 
@@ -41,7 +42,6 @@ log = structlog.get_logger(__name__)
 #: cap, which it enforces by *failing* "Too many connections" past it).
 DEFAULT_MAX_CONNECTIONS = 100
 #: How long a command waits for a free pooled connection before it fails.
-DEFAULT_POOL_TIMEOUT_S = 5.0
 
 _OPTIONS: dict[str, Any] = {
     "decode_responses": False, "socket_keepalive": True,

@@ -8,38 +8,18 @@ second, and by readiness checks for the eviction policy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster
+from batchfleet.connectors.values import StorePressure
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import Names
 
-#: Policies that never evict a key without a TTL: streams and pending records are safe.
-SAFE_POLICY_PREFIXES = ("noeviction", "volatile-")
-
-
-@dataclass(frozen=True, slots=True)
-class RedisPressure:
-    used_memory: int
-    #: 0: no limit.
-    max_memory: int
-    eviction_policy: str
-    #: (model, lane) -> entries queued (Redis Streams only).
-    depths: dict[tuple[str, str], int] = field(default_factory=dict)
-
-    @property
-    def memory_fraction(self) -> float:
-        """``used_memory / maxmemory``; 0 when Redis has no limit."""
-        return self.used_memory / self.max_memory if self.max_memory > 0 else 0.0
-
-    @property
-    def eviction_safe(self) -> bool:
-        """False for ``allkeys-*``: Redis may then evict a stream (the queue itself)."""
-        return self.eviction_policy.startswith(SAFE_POLICY_PREFIXES)
+#: The store's pressure reading (``connectors.values``), read here from Redis.
+RedisPressure = StorePressure
 
 
 async def read_pressure(client: aioredis.Redis, names: Names,

@@ -21,12 +21,8 @@ import msgpack
 
 from batchfleet.connectors.broker import OutboundMessage
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.result_store import (
-    PUT_PENDING_FN,
-    Ownership,
-    ResultStore,
-    SubmitState,
-)
+from batchfleet.connectors.result_store import PUT_PENDING_FN, ResultStore
+from batchfleet.connectors.values import Ownership, SubmitState
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import shard_for
 
@@ -88,15 +84,3 @@ class OneTripSubmit:
         with wrap_errors(TransportError, "cannot submit to Redis"):
             states = await self._submit(keys=[*keys, *streams], args=args)
         return [SubmitState(int(s)) for s in states]
-
-
-def one_trip_for(store: ResultStore, publisher: object, same_server: bool,
-                 max_stream_len: int | None = None) -> OneTripSubmit | None:
-    """The one-round-trip submit where it applies: a single-node Redis broker that is
-    also the result store. ``None`` elsewhere (Kafka, two servers, a cluster, whose
-    streams and records live in different slots)."""
-    from batchfleet.connectors.redis_streams import RedisStreamsPublisher
-
-    if same_server and type(store) is ResultStore and type(publisher) is RedisStreamsPublisher:
-        return OneTripSubmit(store, max_stream_len)
-    return None

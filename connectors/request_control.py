@@ -35,12 +35,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from batchfleet.connectors.cluster_multi import transaction
-from batchfleet.connectors.dead_letters import Undecodable, UndecodableSink
+from batchfleet.connectors.dead_letters import UndecodableSink
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.connectors.redis_streams import PAYLOAD_FIELD
-from batchfleet.connectors.result_store import ResultStore, TerminalWrite
+from batchfleet.connectors.result_store import ResultStore
 from batchfleet.connectors.urls import BrokerURL
+from batchfleet.connectors.values import TerminalWrite, Undecodable
 from batchfleet.schemas.envelopes import (
     TERMINAL_STATUSES,
     ErrorInfo,
@@ -126,11 +127,6 @@ class CancelSet:
         with wrap_errors(ResultStoreError, "cannot read the cancel set"):
             taken = await self._take(keys=[self._key], args=list(dict.fromkeys(request_ids)))
         return {t.decode() if isinstance(t, bytes) else t for t in taken}
-
-
-def cancel_set_for(store: ResultStore) -> CancelSet:
-    """The cancel set over an open result store's connections."""
-    return CancelSet(store.redis, store.names)
 
 
 class RequestControl:

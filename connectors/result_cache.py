@@ -24,7 +24,6 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
@@ -32,6 +31,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.errors import ConfigError, ResultStoreError, SchemaError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.tensors import Array, Tensors, decode_tensors, encode_tensors
@@ -86,16 +86,6 @@ def cache_key(model: str, model_version: str, inputs: Tensors, *,
     else:
         _tensor(h, None, inputs)
     return h.hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
-    """What a hit answers with: the outputs and the version that computed them."""
-
-    model_version: str
-    outputs: Tensors
-    #: Compute seconds per row of the batch that computed it (what a hit saves).
-    compute_s: float = 0.0
 
 
 def encode_entry(entry: CacheEntry) -> bytes:

@@ -20,9 +20,7 @@ quota slot (connectors/quotas.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
@@ -30,11 +28,18 @@ from redis.exceptions import RedisError
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
+from batchfleet.connectors.values import (
+    DEFAULT_TTL_S,
+    CancelView,
+    DeliveryCount,
+    Ownership,
+    StoredRecord,
+    SubmitState,
+    TerminalWrite,
+)
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS
 from batchfleet.schemas.errors import ResultStoreError, TransportError
 from batchfleet.schemas.names import Names
-
-DEFAULT_TTL_S = 24 * 3600
 
 # The script texts with public names are shared: the Redis Cluster store
 # (``connectors/cluster_store.py``) runs the same text once per slot group.
@@ -250,75 +255,6 @@ for _, key in ipairs(KEYS) do
 end
 return n
 """
-
-
-class SubmitState(IntEnum):
-    """What ``put_pending`` found for each request ID."""
-
-    NEW = 0
-    #: Already submitted and not finished: publishing again is harmless (first result wins).
-    PENDING = 1
-    #: Already finished: a duplicate submit must not run it again.
-    TERMINAL = 2
-    #: Taken by a submit with another fingerprint (idempotency key reused): never publish.
-    CONFLICT = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Ownership:
-    """Who a pending record belongs to, and (idempotent gateway submits) what it asked for."""
-
-    owner: str | None = None
-    #: Hash of model and body (or inputs): the same ID with another one is a conflict.
-    fingerprint: str | None = None
-    #: The submitting client's ID: a cancel announces its ``cancelled`` result there.
-    notify: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """A result record's ownership and state, for access checks before a body is decoded."""
-
-    status: str
-    owner: str | None
-    fingerprint: str | None
-    body: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TerminalWrite:
-    """One terminal result ready to be stored."""
-
-    request_id: str
-    status: str
-    body: bytes
-    notify_channel: str | None = None
-    generation: int = 0
-    #: ``NOTIFY_RESULTS``: announce the body with the ID; None: the ID alone (§8).
-    notify_format: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelView:
-    """A record as a cancel sees it: its generation fences the ``cancelled`` write, and
-    its client (``notify``) is where that result is announced."""
-
-    status: str
-    generation: int
-    notify: str | None
-    body: bytes | None
-
-
-class DeliveryCount(NamedTuple):
-    """What ``count_deliveries`` found for one request."""
-
-    deliveries: int
-    solo: int
-    #: Generation of its terminal result, or -1 while it has none: a copy at or below
-    #: it is finished (ack it, don't run it).
-    done_gen: int
-    #: The record's current generation: a copy below it was superseded by a replay.
-    gen: int
 
 
 class ResultStore:

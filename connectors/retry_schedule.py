@@ -20,11 +20,12 @@ request already finished is never retried.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.values import Retry
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 
@@ -53,16 +54,6 @@ for i = 2, #KEYS do
 end
 return out
 """
-
-
-class Retry(NamedTuple):
-    """One retry to schedule: when, the envelope (stamped with its next attempt), and
-    the request and generation it belongs to."""
-
-    due: float
-    envelope: bytes
-    request_id: str
-    generation: int
 
 
 class RetrySchedule:

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import ModelRegistry, RedisModelRegistry
-from batchfleet.connectors.result_store import ResultStore
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionStats
 from batchfleet.schemas.errors import UnknownModelError
 from batchfleet.schemas.heartbeat import LIVE_WITHIN_S, HeartbeatRecord
@@ -181,13 +180,6 @@ class Rollouts:
                       if h.worker_id in record.served}
             beating = frozenset(epochs)
         return RolloutStatus(record, changes, stats, time.time(), epochs, beating)
-
-
-def rollouts_for(store: ResultStore) -> Rollouts:
-    """Over an open result store's connections (closed with the store): the gateway."""
-    registry = RedisModelRegistry(store.redis, store.names)
-    return Rollouts(registry, RedisRolloutStats(store.redis, store.names),
-                    RedisHeartbeats(store.redis, store.names))
 
 
 def open_rollouts(url: str, names: Names) -> Rollouts:

@@ -30,7 +30,6 @@ import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import queue_script
-from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.tensors import Tensors
@@ -410,8 +409,3 @@ def _args(epoch: int, incr: Sequence[tuple[str, int]], floats: Sequence[tuple[st
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def rollout_stats_for(store: ResultStore) -> RedisRolloutStats:
-    """Over an open result store's connections (closed with the store)."""
-    return RedisRolloutStats(store.redis, store.names)

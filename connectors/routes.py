@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import ResultStoreError, ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import RolloutPolicy, decode_record
@@ -33,6 +32,10 @@ class RouteTable:
     versions: frozenset[str]
     #: Labels some live worker holds now: where routing may send requests.
     held: frozenset[str]
+
+
+#: How long a settled route is kept: a day, as long as a result by default.
+ROUTE_TTL_S = 86_400
 
 
 class RoutePlane:
@@ -83,6 +86,3 @@ class RoutePlane:
                 for (rid, label), got in zip(choices.items(), recorded, strict=True)}
 
 
-def route_plane_for(store: ResultStore, ttl_s: int) -> RoutePlane:
-    """Over an open result store's connection (closed with the store)."""
-    return RoutePlane(store.redis, store.names, ttl_s)

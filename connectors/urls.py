@@ -6,10 +6,11 @@ before anything dials: ``redis:/h:1/0`` (one slash) once reached redis-py, which
 it as "no host" and connected to localhost:6379, a different Redis. A refusal is an
 :class:`~batchfleet.schemas.errors.URLError` (a ``ConfigError``): one line, exit 2.
 
-Which schemes exist is not written here: result stores come from the control-plane
-table (:data:`~batchfleet.connectors.control_plane.FACTORIES`) and brokers from
-:data:`BROKERS`. Only the *shape* of the built-in schemes' addresses is known here; a
-scheme a backend adds later needs ``scheme://`` and a non-empty rest.
+Which schemes exist is not written here: the doors' registry says
+(``connectors.registry``: the built-in backends and whatever the entry-point groups
+``batchfleet.control_planes`` and ``batchfleet.brokers`` hold). Only the *shape* of the
+built-in schemes' addresses is known here; a scheme a plugin adds needs ``scheme://``
+and a non-empty rest, and its factory checks the rest.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 from urllib.parse import unquote
 
 from batchfleet.connectors.redis_client import CLUSTER_SCHEME, REDIS_SCHEMES, is_cluster_url
+from batchfleet.connectors.registry import (
+    broker_schemes,
+    control_plane_schemes,
+    has_control_plane,
+    scheme_of,
+)
 from batchfleet.schemas.errors import ConfigError, URLError
-
-BrokerKind = Literal["redis", "kafka"]
-#: Broker scheme -> the transport behind it (``open_publisher``/``open_consumer``).
-BROKERS: dict[str, BrokerKind] = {**{s: "redis" for s in REDIS_SCHEMES}, "kafka": "kafka"}
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.S)
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(\d*))?$")
@@ -99,8 +101,8 @@ def parse_url(url: str, schemes: Iterable[str], what: str = "broker") -> ParsedU
         if not rest.startswith("/") or rest == "/":
             raise _refuse(what, url, "a unix:// URL needs a socket path, unix:///path/to/sock")
         return ParsedURL(scheme, (), None)
-    if scheme not in BROKERS and scheme not in REDIS_SCHEMES:
-        if not rest.strip("/"):
+    if scheme not in REDIS_SCHEMES and scheme != "kafka":
+        if not rest.strip("/") and scheme != "memory":  # memory:// alone: the default store
             raise _refuse(what, url, "nothing after the scheme")
         return ParsedURL(scheme, (), None)  # a backend's own scheme: it checks the rest
     netloc, slash, path = rest.partition("/")
@@ -122,18 +124,17 @@ def parse_url(url: str, schemes: Iterable[str], what: str = "broker") -> ParsedU
 
 
 def result_store_schemes() -> list[str]:
-    """The schemes a result store is registered under (the control-plane table)."""
-    from batchfleet.connectors.control_plane import FACTORIES
-
-    return sorted(FACTORIES)
+    """The schemes a control plane (result store) is registered under."""
+    return control_plane_schemes()
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerURL:
     """A parsed broker URL: ``redis://host:port/db``, ``redis+cluster://host:port[,host:port]``
-    (Redis Cluster; ``kind`` is still ``redis``) or ``kafka://host:port[,host:port]``."""
+    (Redis Cluster; ``kind`` is still ``redis``), ``kafka://host:port[,host:port]``, or a
+    plugin's scheme (``kind`` is the scheme)."""
 
-    kind: BrokerKind
+    kind: str
     url: str
 
     @property
@@ -143,12 +144,14 @@ class BrokerURL:
 
     @classmethod
     def parse(cls, url: str) -> BrokerURL:
-        parsed = parse_url(url, BROKERS, "broker")
-        return cls(BROKERS[parsed.scheme], url.strip())
+        scheme = parse_url(url, broker_schemes(), "broker").scheme
+        kind = "redis" if scheme in REDIS_SCHEMES else scheme
+        return cls(kind, url.strip())
 
 
 def results_url_for(broker: BrokerURL, results: str | None) -> str:
-    """The result store's URL: given explicitly, or the broker's when the broker is Redis.
+    """The control plane's URL: given explicitly, or the broker's when its scheme also has
+    a control plane registered (Redis does; Kafka does not).
 
     A Redis broker and the result store are both Redis Cluster or both not: the request
     control plane reads both with one set of key names."""
@@ -159,9 +162,10 @@ def results_url_for(broker: BrokerURL, results: str | None) -> str:
                 "a Redis broker and the result store must both be Redis Cluster "
                 "(redis+cluster://) or both not; mixing them is not supported")
         return results.strip()
-    if broker.kind == "redis":
+    if has_control_plane(broker.url):
         return broker.url
+    name = "Kafka" if broker.kind == "kafka" else f"{scheme_of(broker.url)}://"
     raise ConfigError(
-        "a Kafka broker needs a result store: pass --results redis://host:port/db "
+        f"a {name} broker needs a result store: pass --results redis://host:port/db "
         "or set BATCHFLEET_RESULTS"
     )

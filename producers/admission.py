@@ -20,11 +20,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from batchfleet.connectors.redis_pressure import RedisPressure
+from batchfleet.connectors.values import StorePressure
 from batchfleet.schemas.errors import ConfigError, OverloadedError, ResultStoreError, TransportError
 
 Lane = tuple[str, str]
-Reader = Callable[[Sequence[Lane]], Awaitable[Sequence[RedisPressure]]]
+Reader = Callable[[Sequence[Lane]], Awaitable[Sequence[StorePressure]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class AdmissionLimits:
         return self
 
 
-def refusal(readings: Sequence[RedisPressure], lane: Lane, limits: AdmissionLimits
+def refusal(readings: Sequence[StorePressure], lane: Lane, limits: AdmissionLimits
             ) -> str | None:
     """Why new work for ``lane`` must be refused now, or None to admit it."""
     for reading in readings:
@@ -72,7 +72,7 @@ class Admission:
         self._read = read
         self._clock = clock
         self._lanes: set[Lane] = set()
-        self._readings: Sequence[RedisPressure] = ()
+        self._readings: Sequence[StorePressure] = ()
         self._read_at = float("-inf")
         self._admitted = 0
         self._lock = asyncio.Lock()

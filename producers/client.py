@@ -21,21 +21,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from batchfleet.connectors import BrokerURL, open_publisher, open_result_store, results_url_for
-from batchfleet.connectors.model_registry import model_registry_for
-from batchfleet.connectors.redis_client import DEFAULT_POOL_TIMEOUT_S
-from batchfleet.connectors.redis_pressure import RedisPressure
-from batchfleet.connectors.redis_streams import RedisStreamsPublisher
-from batchfleet.connectors.redis_submit import one_trip_for
-from batchfleet.connectors.request_control import (
-    CancelReport,
-    RequestControl,
-    open_request_control,
+from batchfleet.connectors import (
+    BrokerURL,
+    CombinedSubmit,
+    LanePressure,
+    open_broker,
+    open_control_plane,
+    results_url_for,
 )
-from batchfleet.connectors.result_store import DEFAULT_TTL_S, Ownership
+from batchfleet.connectors.control_plane import RequestControl
+from batchfleet.connectors.request_control import CancelReport
 from batchfleet.connectors.ssrf import CallbackPolicy
 from batchfleet.connectors.tracing import format_traceparent
 from batchfleet.connectors.tracing import tracer as otel_tracer
+from batchfleet.connectors.values import (
+    DEFAULT_POOL_TIMEOUT_S,
+    DEFAULT_TTL_S,
+    Ownership,
+    StorePressure,
+)
 from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
@@ -131,14 +135,18 @@ class AsyncClient:
         self.names = Names(namespace)
         self.client_id = uuid.uuid4().hex[:16]
         # A bounded pool that concurrent submits queue on (``WaitingPool``), never fail on.
-        self._store = open_result_store(results_url_for(parsed, results), self.names,
-                                        result_ttl_s, redis_max_connections,
-                                        redis_pool_timeout_s)
-        self._publisher = open_publisher(parsed, self.names, partitions=kafka_partitions)
-        self._waiter = ResultWaiter(self._store, self.names, self.client_id, poll_interval_s,
+        results_url = results_url_for(parsed, results)
+        self._plane = open_control_plane(
+            results_url, namespace=namespace, result_ttl_s=result_ttl_s,
+            max_connections=redis_max_connections, pool_timeout_s=redis_pool_timeout_s)
+        self._store = self._plane.results
+        self._broker_door = open_broker(parsed.url, namespace=namespace,
+                                        partitions=kafka_partitions)
+        self._publisher = self._broker_door.publisher()
+        self._waiter = ResultWaiter(self._plane, self.names, self.client_id, poll_interval_s,
                                     loss_grace_s)
         self._check_model = check_model
-        self._registry = model_registry_for(self._store)
+        self._registry = self._plane.models
         #: model -> (monotonic read time, declared input spec). Re-read after the TTL, so a
         #: retired model is refused again and a new declaration's spec is seen; a miss is
         #: never cached, so a model declared or served a moment ago is accepted at once.
@@ -150,10 +158,12 @@ class AsyncClient:
         #: model -> the registry read in flight for it (``_lookup``).
         self._lookups: dict[str, asyncio.Future[tuple[set[str], ModelRecord | None]]] = {}
         self._templates: dict[TemplateKey, RequestTemplate] = {}
-        self._results_on_broker = (parsed.kind == "redis"
-                                   and results_url_for(parsed, results) == parsed.url)
-        sender = Sender(self._store, self._publisher, self._waiter, self._shards,
-                        one_trip_for(self._store, self._publisher, self._results_on_broker))
+        #: The broker's own pressure reading covers the store too (one server).
+        self._results_on_broker = (results_url == parsed.url
+                                   and isinstance(self._publisher, LanePressure))
+        door = self._broker_door
+        one_trip = door.one_trip(self._plane) if isinstance(door, CombinedSubmit) else None
+        sender = Sender(self._store, self._publisher, self._waiter, self._shards, one_trip)
         #: Every submit, single or many, goes out through here (``producers.coalescing``).
         self._outbox: Coalescer[Outgoing] = Coalescer(sender.send, SUBMIT_CHUNK,
                                                       linger_s=SUBMIT_LINGER_S,
@@ -162,7 +172,6 @@ class AsyncClient:
         #: Callback URLs are checked at submit (no DNS), so a bad one is refused up front;
         #: the webhook worker checks again, resolved, before it calls one.
         self._callback_policy = callback_policy or CallbackPolicy()
-        self._broker = parsed
         #: Opened on the first cancel (it may need a client of the broker's Redis).
         self._control: RequestControl | None = None
         #: None unless OTEL_* turned tracing on: then each request carries a traceparent.
@@ -174,10 +183,10 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _pressure(self, lanes: Sequence[tuple[str, str]]) -> list[RedisPressure]:
-        """One reading per Redis: the broker's (with lane depths) and, if apart, the store's."""
-        reads: list[Awaitable[RedisPressure]] = []
-        if isinstance(self._publisher, RedisStreamsPublisher):
+    async def _pressure(self, lanes: Sequence[tuple[str, str]]) -> list[StorePressure]:
+        """One reading per server: the broker's (with lane depths) and, if apart, the store's."""
+        reads: list[Awaitable[StorePressure]] = []
+        if isinstance(self._publisher, LanePressure):
             reads.append(self._publisher.pressure(lanes, self._shards))
         if not self._results_on_broker:
             reads.append(self._store.pressure())
@@ -188,7 +197,7 @@ class AsyncClient:
             await self._control.close()
         await self._waiter.close()
         await self._publisher.close()
-        await self._store.close()
+        await self._plane.close()
 
     def _template(self, model: str, priority: str, deadline_s: float | None,
                   callback_url: str | None, owner: str | None, version: str | None,
@@ -406,7 +415,7 @@ class AsyncClient:
     async def cancel_many(self, request_ids: Sequence[str]) -> list[CancelReport]:
         """:meth:`cancel` for many IDs in a few round trips; one report per distinct ID."""
         if self._control is None:
-            self._control = open_request_control(self._broker, self._store)
+            self._control = self._plane.request_control(self._broker_door)
         return await self._control.cancel(request_ids)
 
     async def wait(self, request_id: str, timeout: float | None = 30.0, *,

@@ -8,7 +8,7 @@ holds another fingerprint (other model or inputs) is a conflict: never published
 and its submit fails (``RequestConflictError``) while the rest of the chunk goes out.
 Requests arrive here already encoded (``schemas.request_template``), so sending a
 chunk costs its round trips and little else: two (store, then broker), or one when
-the results and a Redis broker share one node (``connectors.redis_submit``).
+the results and a Redis broker share one node (a broker's ``CombinedSubmit``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import structlog
 
-from batchfleet.connectors import OutboundMessage, Publisher, SubmitState
+from batchfleet.connectors import OneTrip, OutboundMessage, Publisher, SubmitState
+from batchfleet.connectors.control_plane import Results
 from batchfleet.connectors.errors import store_full
-from batchfleet.connectors.redis_submit import OneTripSubmit
-from batchfleet.connectors.result_store import Ownership, ResultStore
+from batchfleet.connectors.values import Ownership
 from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.errors import (
     BatchfleetError,
@@ -54,8 +54,8 @@ class Outgoing(NamedTuple):
 class Sender:
     """Records and publishes chunks of :class:`Outgoing` (the coalescer's ``send``)."""
 
-    def __init__(self, store: ResultStore, publisher: Publisher, waiter: ResultWaiter,
-                 shards: Mapping[str, int], one_trip: OneTripSubmit | None = None) -> None:
+    def __init__(self, store: Results, publisher: Publisher, waiter: ResultWaiter,
+                 shards: Mapping[str, int], one_trip: OneTrip | None = None) -> None:
         self._store = store
         self._one_trip = one_trip
         self._publisher = publisher
@@ -100,7 +100,7 @@ class Sender:
         return OutboundMessage(o.template.model, o.template.lane, o.request_id, o.payload,
                                o.traceparent, self._shards.get(o.template.model, 1))
 
-    async def _send_one_trip(self, one_trip: OneTripSubmit, chunk: list[Outgoing]
+    async def _send_one_trip(self, one_trip: OneTrip, chunk: list[Outgoing]
                              ) -> list[SubmitState]:
         ids = [o.request_id for o in chunk]
         # Expected before the script runs, as on the two-call path; those it did not

@@ -39,9 +39,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
-from batchfleet.connectors import control_plane_for
-from batchfleet.connectors.control_plane import Announcements, Subscription
-from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.producers.result_sink import Sink
 from batchfleet.schemas.envelopes import Result, decode_result, peek_header
 from batchfleet.schemas.errors import (
@@ -71,12 +69,12 @@ LOSS_GRACE_S = 2.0
 
 class ResultWaiter:
     def __init__(
-        self, store: ResultStore, names: Names, client_id: str, poll_interval_s: float = 1.0,
+        self, plane: ControlPlane, names: Names, client_id: str, poll_interval_s: float = 1.0,
         loss_grace_s: float = LOSS_GRACE_S, announcements: Announcements | None = None,
     ) -> None:
-        self._store = store
-        #: Where finished IDs are announced: the store's own seam unless told otherwise.
-        self._announcements = announcements or control_plane_for(store).announcements
+        self._store = plane.results
+        #: Where finished IDs are announced: the plane's own seam unless told otherwise.
+        self._announcements = announcements or plane.announcements
         self._client_id = client_id
         self._loss_grace_s = loss_grace_s
         #: Waits that looked lost at the last poll, with when they were first seen so.

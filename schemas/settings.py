@@ -101,11 +101,13 @@ def one_of(*allowed: str) -> Callable[[str], str]:
 # --- the connection options every command shares ----------------------------------------
 
 BROKER = Opt(
-    "redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster) or "
-    "kafka://host:port[,host:port].", flag="--broker", env="BATCHFLEET_BROKER", metavar="URL")
+    "redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster), "
+    "kafka://host:port[,host:port], memory://NAME (in process) or a plugin's scheme.",
+    flag="--broker", env="BATCHFLEET_BROKER", metavar="URL")
 RESULTS = Opt(
-    "Result store, redis://host:port/db or redis+cluster://host:port[,host:port]. "
-    "Defaults to the broker's URL when it is Redis.", flag="--results",
+    "Result store, redis://host:port/db, redis+cluster://host:port[,host:port] or "
+    "memory://NAME. Defaults to the broker's URL when that scheme has a result store.",
+    flag="--results",
     env="BATCHFLEET_RESULTS", metavar="URL", show="the broker's URL")
 NAMESPACE = Opt("Prefix of every key, stream and topic.", flag="--namespace",
                 env="BATCHFLEET_NAMESPACE")

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import structlog
 
 from batchfleet.connectors.broker import Consumer, Delivery
-from batchfleet.connectors.dead_letters import Undecodable, UndecodableSink
-from batchfleet.connectors.result_store import ResultStore, TerminalWrite
+from batchfleet.connectors.control_plane import StoreResults, UndecodableLetters
+from batchfleet.connectors.values import TerminalWrite, Undecodable
 from batchfleet.schemas.envelopes import (
     MAX_EXACT_INT,
     ErrorInfo,
@@ -194,9 +194,9 @@ class NoWriteHooks:
 class ResultWriter:
     def __init__(
         self,
-        store: ResultStore,
+        store: StoreResults,
         consumer: Consumer,
-        dead_letters: UndecodableSink,
+        dead_letters: UndecodableLetters,
         policy: FailurePolicy,
         *,
         hooks: WriteHooks | None = None,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from batchfleet.connectors.broker import Consumer, Delivery, Publisher
+    from batchfleet.connectors.control_plane import ControlPlane, StoreResults
     from batchfleet.connectors.model_registry import ServedModels
-    from batchfleet.connectors.result_store import ResultStore
     from batchfleet.workers.completion import ResultWriter
     from batchfleet.workers.compute import ComputeThread
     from batchfleet.workers.middleware.base import Chain, Middleware
@@ -32,10 +32,12 @@ M = TypeVar("M", bound="Middleware")
 class WorkerContext:
     """The worker's settings, models, connections and the few operations middleware need.
 
-    ``store`` is the control plane (results, cancels, routes, registry...); ``consumer``
-    and ``publisher`` the broker's; ``compute`` the compute thread (``device``,
-    ``computing``, ``stuck()``). The ack, release and retry operations are the write
-    path's own, so a middleware that acks or retries does it the way the spine does.
+    ``plane`` is the control plane (results, cancels, routes, rollouts, quotas, registry...)
+    from the door ``open_control_plane``; ``store`` its results seam, the one the spine
+    writes through; ``consumer`` and ``publisher`` the broker's; ``compute`` the compute
+    thread (``device``, ``computing``, ``stuck()``). The ack, release and retry operations
+    are the write path's own, so a middleware that acks or retries does it the way the
+    spine does.
     """
 
     settings: WorkerSettings
@@ -43,7 +45,8 @@ class WorkerContext:
     versions: Mapping[str, Mapping[str, ModelHandler]]
     #: Each model's first version's handler.
     handlers: Mapping[str, ModelHandler]
-    store: ResultStore
+    plane: ControlPlane
+    store: StoreResults
     consumer: Consumer
     publisher: Publisher
     compute: ComputeThread

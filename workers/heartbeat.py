@@ -23,9 +23,8 @@ from typing import Any
 
 import structlog
 
-from batchfleet.connectors.control_plane import Heartbeats
+from batchfleet.connectors.control_plane import Heartbeats, StoreResults
 from batchfleet.connectors.model_registry import ServedModels
-from batchfleet.connectors.result_store import ResultStore
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.heartbeat import BEAT_EVERY_S
 
@@ -38,7 +37,7 @@ TTL_S = 10
 class Heartbeat:
     def __init__(
         self, heartbeats: Heartbeats, worker_id: str, vitals: Callable[[], dict[str, Any]], *,
-        store: ResultStore | None = None, served: ServedModels | None = None,
+        store: StoreResults | None = None, served: ServedModels | None = None,
         lane_losses: dict[str, int] | None = None,
     ) -> None:
         self._heartbeats = heartbeats

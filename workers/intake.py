@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchfleet.connectors.broker import Delivery
-from batchfleet.connectors.dead_letters import Undecodable
+from batchfleet.connectors.values import Undecodable
 from batchfleet.schemas.batch_decode import decode_common
 from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from batchfleet.connectors import control_plane_for
 from batchfleet.connectors.broker import OutboundMessage, Publisher
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
-from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.connectors.control_plane import DeadLetters, RetrySchedule
+from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
 from batchfleet.schemas.errors import BatchfleetError, DecodeError, StalledError
 from batchfleet.workers.backoff import compute_backoff
@@ -36,7 +35,7 @@ from batchfleet.workers.failures import Disposition
 from batchfleet.workers.jobs import Job
 
 if TYPE_CHECKING:
-    from batchfleet.connectors.result_store import ResultStore
+    from batchfleet.connectors.control_plane import ControlPlane
     from batchfleet.workers.settings import WorkerSettings
 
 log = structlog.get_logger("batchfleet.retry")
@@ -83,7 +82,7 @@ class RetryingFailurePolicy:
     def __init__(
         self,
         schedule: RetrySchedule,
-        dlq: DeadLetterQueue,
+        dlq: DeadLetters,
         default: RetryConfig = RetryConfig(),
         per_model: Mapping[str, RetryConfig] | None = None,
         rand: Callable[[], float] = random.random,
@@ -186,10 +185,9 @@ class RetryPump:
                     continue
 
 
-def default_policy(settings: WorkerSettings, store: ResultStore) -> RetryingFailurePolicy:
+def default_policy(settings: WorkerSettings, plane: ControlPlane) -> RetryingFailurePolicy:
     """The failure policy the settings describe: retries with backoff, then the DLQ."""
     s = settings
     default = RetryConfig(s.max_attempts, s.retry_base_s, s.retry_cap_s)
     per_model = {m: RetryConfig.parse(spec, default) for m, spec in s.retry_overrides}
-    plane = control_plane_for(store)
     return RetryingFailurePolicy(plane.retry_schedule, plane.dead_letters, default, per_model)

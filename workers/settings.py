@@ -41,8 +41,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from batchfleet.connectors.result_store import DEFAULT_TTL_S
 from batchfleet.connectors.urls import BrokerURL, results_url_for
+from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
 from batchfleet.schemas.settings import (
@@ -359,6 +359,12 @@ class WorkerSettings:
             raise ConfigError("max_attempts, quarantine_after and breaker_failures must be >= 1")
         if any(i < 0 for i in self.webhook_retry_intervals):
             raise ConfigError("webhook_retry_intervals must not be negative")
+        rq_url = self.webhook_redis_url or self.results_url
+        if self.webhooks and rq_url.partition("://")[0].lower() not in ("redis", "rediss", "unix",
+                                                                        "redis+cluster"):
+            raise ConfigError("webhooks queue on Redis (RQ): pass --webhook-redis-url "
+                              f"redis://host:port/db for a {rq_url.partition(':')[0]}:// "
+                              "result store, or --no-webhooks")
         if self.stuck_exit_s <= 0:
             raise ConfigError("stuck_exit_s must be positive")
         for option in setting_options(WorkerSettings):

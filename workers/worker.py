@@ -18,8 +18,8 @@ import structlog
 
 from batchfleet import connectors
 from batchfleet.connectors.broker import Consumer, Delivery, Publisher, shard_lanes
-from batchfleet.connectors.model_registry import ServedModels, model_registry_for
-from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.control_plane import ControlPlane, StoreResults
+from batchfleet.connectors.model_registry import ServedModels
 from batchfleet.schemas.envelopes import ErrorInfo, Limits
 from batchfleet.schemas.errors import BatchfleetError, ResultStoreError, TransportError
 from batchfleet.schemas.names import LANES, Names
@@ -52,7 +52,9 @@ class Worker(DefaultViews):
     #: Opened by ``async_run`` (middleware reach them from ``on_start`` on).
     consumer: Consumer
     publisher: Publisher
-    store: ResultStore
+    plane: ControlPlane
+    #: ``plane.results``, the seam the spine writes through.
+    store: StoreResults
     writer: ResultWriter
     served: ServedModels
 
@@ -116,17 +118,19 @@ class Worker(DefaultViews):
 
     async def async_run(self) -> None:
         s = self.settings
-        self.store = store = connectors.open_result_store(s.results_url, self.names, s.result_ttl_s)
-        self.consumer = connectors.open_consumer(
-            s.broker, self.names, s.worker_id, claim_idle_ms=s.claim_idle_ms,
-            partitions=s.kafka_partitions, kafka_session_timeout_ms=s.kafka_session_timeout_ms)
-        self.publisher = connectors.open_publisher(s.broker, self.names,
-                                                   partitions=s.kafka_partitions)
-        policy = self._failure_policy or default_policy(s, store)
+        self.plane = plane = connectors.open_control_plane(
+            s.results_url, namespace=s.namespace, result_ttl_s=s.result_ttl_s)
+        self.store = store = plane.results
+        broker = connectors.open_broker(
+            s.broker.url, namespace=s.namespace, claim_idle_ms=s.claim_idle_ms,
+            partitions=s.kafka_partitions, session_timeout_ms=s.kafka_session_timeout_ms)
+        self.consumer = broker.consumer(s.worker_id)
+        self.publisher = broker.publisher()
+        policy = self._failure_policy or default_policy(s, plane)
         # the chain is the writer's write hooks: it fans out to every middleware
-        undecodable = connectors.control_plane_for(store).undecodable
-        self.writer = ResultWriter(store, self.consumer, undecodable, policy, hooks=self.hooks)
-        self.context = ctx = self._context(store)
+        self.writer = ResultWriter(store, self.consumer, plane.undecodable, policy,
+                                   hooks=self.hooks)
+        self.context = ctx = self._context(plane)
         try:
             await self.hooks.on_start(ctx)
             warm = await aio.unless_stopped(self.stopping, self._start_up(store))
@@ -144,14 +148,14 @@ class Worker(DefaultViews):
                 await self.hooks.on_stop(ctx)
             finally:
                 self.compute.shutdown()
-                for closable in (self.consumer, self.publisher, store):
+                for closable in (self.consumer, self.publisher, plane):
                     await closable.close()
         log.info("worker stopped", worker=s.worker_id, **self.vitals())
 
-    def _context(self, store: ResultStore) -> WorkerContext:
+    def _context(self, plane: ControlPlane) -> WorkerContext:
         return WorkerContext(
-            self.settings, self.versions, self.handlers, store, self.consumer, self.publisher,
-            self.compute, self.stopping, self._stop_with, self.in_flight,
+            self.settings, self.versions, self.handlers, plane, plane.results, self.consumer,
+            self.publisher, self.compute, self.stopping, self._stop_with, self.in_flight,
             lambda: len(self._completions.tasks), self.vitals, self.readiness,
             lambda: self.containment.quarantined, self.writer, self.hooks)
 
@@ -165,7 +169,7 @@ class Worker(DefaultViews):
             self.exit_code = exit_code
         self.request_stop()
 
-    async def _start_up(self, store: ResultStore) -> dict[str, float]:
+    async def _start_up(self, store: StoreResults) -> dict[str, float]:
         """Everything that can fail at start-up, checked before "worker ready" and the first
         fetch (the health port binds before, in its middleware's ``on_start``): the store,
         the models, the broker."""
@@ -174,7 +178,7 @@ class Worker(DefaultViews):
             raise ResultStoreError(f"result store {s.results_url} is not answering")
         warm = await self.compute.setup()
         await self.consumer.start(model_versions.lanes(self.versions))
-        registry, shards = model_registry_for(store), s.lane_shards_by_model
+        registry, shards = self.plane.models, s.lane_shards_by_model
         self.served = ServedModels(registry, s.worker_id, self.handlers, shards)  # every beat
         self.served.versions = model_versions.registry_versions(self.versions)
         assert self.context is not None

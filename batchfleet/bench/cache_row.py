@@ -27,7 +27,6 @@ from batchfleet.bench.plan import CachePlan
 from batchfleet.bench.sweep import worker_option_missing
 from batchfleet.connectors import open_control_plane
 from batchfleet.demo import demo_inputs
-from batchfleet.schemas.names import Names
 
 _WINDOW = 512
 _TIMEOUT_S = 1800.0
@@ -71,7 +70,7 @@ def _bulk(svc: fleet.Services, namespace: str, src: Path, dst: Path) -> dict[str
 async def _cache_counters(redis_url: str, namespace: str, expected: int) -> dict[str, int]:
     """The live workers' summed cache counters, once they account for ``expected``
     requests (heartbeats trail the last batch by up to one beat) or the wait ends."""
-    plane = open_control_plane(redis_url, Names(namespace))
+    plane = open_control_plane(redis_url, namespace=namespace)
     keys = ("cache_hits", "cache_coalesced", "cache_misses", "cache_errors")
     totals = dict.fromkeys(keys, 0)
     try:

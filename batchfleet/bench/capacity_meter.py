@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from batchfleet.connectors import redis_client
-from batchfleet.connectors.redis_client import cluster_nodes, is_cluster_url
+from batchfleet.connectors.redis_client import cluster_nodes, is_cluster_url, redis_client
 
 #: What :meth:`Meter.read` reads besides commands: client bytes in and out, replication
 #: bytes in and out, Redis CPU (µs since the last reset).

@@ -27,7 +27,6 @@ from batchfleet.connectors import open_control_plane
 from batchfleet.demo import demo_inputs
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
-from batchfleet.schemas.names import Names
 from batchfleet.workers.models.builtin import ENCODER_SEQ_LEN, ENCODER_VOCAB
 
 
@@ -56,7 +55,7 @@ async def _flood(client: AsyncClient, rate: float, seconds: float, seed: int
 
 
 async def _heartbeat(redis_url: str, namespace: str, worker_id: str) -> dict[str, Any]:
-    plane = open_control_plane(redis_url, Names(namespace))
+    plane = open_control_plane(redis_url, namespace=namespace)
     try:
         records = await plane.heartbeats.read_all()
     finally:

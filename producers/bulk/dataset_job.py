@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from batchfleet.connectors.bulk_jobs import open_bulk_jobs
+from batchfleet.connectors import open_control_plane
 from batchfleet.producers.bulk.dataset import DEFAULT_STAGING, DatasetSpec, Part
 from batchfleet.producers.bulk.errors import InputFormatError, OutputMissingError
 from batchfleet.producers.bulk.files import check_files
@@ -49,7 +49,6 @@ from batchfleet.producers.bulk.spec import JobSpec, Tuning
 from batchfleet.producers.bulk.state import JOB_TTL_S, DatasetProgress, JobRecord, JobStore
 from batchfleet.producers.bulk.storage import exists, open_read, publish, remove
 from batchfleet.producers.client import AsyncClient
-from batchfleet.schemas.names import Names
 
 log = structlog.get_logger("batchfleet.bulk")
 
@@ -139,12 +138,12 @@ class _Run:
     record: JobRecord
     jobs: JobStore
     client: AsyncClient
-    store: Any
+    plane: Any
     tuning: Tuning
     progress: ProgressReporter
 
     def context(self, pspec: JobSpec, source: Source) -> Context:
-        return Context(pspec, self.record, source, self.jobs, self.client, self.store,
+        return Context(pspec, self.record, source, self.jobs, self.client, self.plane,
                        self.tuning, self.progress)
 
 
@@ -154,8 +153,8 @@ async def run_dataset(spec: DatasetSpec, endpoints: Endpoints, *, tuning: Tuning
     """Run (or resume) this runner's parts of a dataset job (``spec.shard``)."""
     tuning = (tuning or Tuning()).validated()
     total = await asyncio.to_thread(shard_total, spec)
-    names = Names(endpoints.namespace)
-    bulk_jobs = open_bulk_jobs(endpoints.results_url, names)
+    plane = open_control_plane(endpoints.results_url, namespace=endpoints.namespace)
+    bulk_jobs = plane.bulk_jobs
     jobs = JobStore(bulk_jobs, spec.record_id)
     try:
         with not_started():
@@ -166,13 +165,13 @@ async def run_dataset(spec: DatasetSpec, endpoints: Endpoints, *, tuning: Tuning
             shutil.rmtree(spec.staging, ignore_errors=True)
         todo = None if record.status == "finished" else spec.model
         try:
-            async with scoring_session(endpoints, todo, record.rows_done) as (client, store):
-                run = _Run(spec, record, jobs, client, store, tuning, progress or NoProgress())
+            async with scoring_session(endpoints, todo, record.rows_done) as (client, plane_):
+                run = _Run(spec, record, jobs, client, plane_, tuning, progress or NoProgress())
                 return await holding_lease(jobs, _score_parts(run, total))
         finally:
             await jobs.release()
     finally:
-        await bulk_jobs.close()
+        await plane.close()
 
 
 async def _score_parts(run: _Run, total: int | None) -> JobReport:

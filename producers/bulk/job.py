@@ -19,14 +19,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from batchfleet.connectors import (
-    BrokerURL,
-    control_plane_for,
-    open_result_store,
-    results_url_for,
-)
-from batchfleet.connectors.bulk_jobs import open_bulk_jobs
-from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors import BrokerURL, ControlPlane, open_control_plane, results_url_for
+from batchfleet.connectors.control_plane import StoreResults
 from batchfleet.producers.bulk.errors import (
     BulkError,
     EarlyStopError,
@@ -47,7 +41,7 @@ from batchfleet.producers.bulk.window import Scorer
 from batchfleet.producers.client import AsyncClient
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import BatchfleetError, ConfigError
-from batchfleet.schemas.names import DEFAULT_NAMESPACE, Names
+from batchfleet.schemas.names import DEFAULT_NAMESPACE
 from batchfleet.schemas.registry import UnregisteredModelError
 
 log = structlog.get_logger("batchfleet.bulk")
@@ -82,9 +76,13 @@ class Context:
     source: Source
     jobs: JobStore
     client: AsyncClient
-    store: ResultStore
+    plane: ControlPlane
     tuning: Tuning
     progress: ProgressReporter
+
+    @property
+    def store(self) -> StoreResults:
+        return self.plane.results
 
 
 async def run_job(
@@ -101,12 +99,11 @@ async def run_job(
     if restart and retry_failed:
         raise ConfigError("--restart scores every row again; it cannot be combined with "
                           "--retry-failed")
-    names = Names(endpoints.namespace)
     source = open_source(spec)  # a bad input fails here, before the job is claimed
     for warning in source.warnings:
         log.warning("bulk input looks wrong", job_id=spec.job_id, warning=warning)
-    bulk_jobs = open_bulk_jobs(endpoints.results_url, names)
-    jobs = JobStore(bulk_jobs, spec.job_id)
+    plane = open_control_plane(endpoints.results_url, namespace=endpoints.namespace)
+    jobs = JobStore(plane.bulk_jobs, spec.job_id)
     try:
         with not_started():
             record = await jobs.claim(spec, source.total, restart)
@@ -117,20 +114,20 @@ async def run_job(
             discard_staging(spec)  # what an interrupted --retry-failed left beside the files
         todo = None if record.status == "finished" else spec.model
         try:
-            async with scoring_session(endpoints, todo, record.position.rows) as (client, store):
-                ctx = Context(spec, record, source, jobs, client, store, tuning,
+            async with scoring_session(endpoints, todo, record.position.rows) as (client, plane):
+                ctx = Context(spec, record, source, jobs, client, plane, tuning,
                               progress or NoProgress())
                 return await holding_lease(jobs, _dispatch(ctx, retry_failed))
         finally:
             await jobs.release()
     finally:
-        await bulk_jobs.close()
+        await plane.close()
 
 
 @contextlib.asynccontextmanager
 async def scoring_session(endpoints: Endpoints, model: str | None = None, saved_rows: int = 0
-                          ) -> AsyncIterator[tuple[AsyncClient, ResultStore]]:
-    """The SDK client and result store one bulk run scores through (a file or a dataset).
+                          ) -> AsyncIterator[tuple[AsyncClient, ControlPlane]]:
+    """The SDK client and control plane one bulk run scores through (a file or a dataset).
 
     ``model`` (when there is work left) is checked first, before any output file is
     opened: an unknown one fails the run leaving nothing behind."""
@@ -141,9 +138,9 @@ async def scoring_session(endpoints: Endpoints, model: str | None = None, saved_
                 poll_interval_s=RESULT_POLL_S))
             if model is not None:
                 await client.ensure_model(model)
-        store = open_result_store(endpoints.results_url, Names(endpoints.namespace))
-        stack.push_async_callback(store.close)
-        yield client, store
+        plane = open_control_plane(endpoints.results_url, namespace=endpoints.namespace)
+        stack.push_async_callback(plane.close)
+        yield client, plane
 
 
 @contextlib.contextmanager
@@ -253,7 +250,7 @@ async def _score_all(ctx: Context) -> JobReport:
 
 
 def worker_watch(ctx: Context) -> WorkerWatch:
-    return WorkerWatch(control_plane_for(ctx.store).heartbeats.read_all, ctx.spec.job_id,
+    return WorkerWatch(ctx.plane.heartbeats.read_all, ctx.spec.job_id,
                        ctx.spec.model, ctx.progress)
 
 

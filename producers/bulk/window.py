@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.control_plane import StoreResults
 from batchfleet.producers.bulk.rows import INVALID_ROW, Row, encode_problem
 from batchfleet.producers.bulk.spec import Tuning
 from batchfleet.producers.client import AsyncClient
@@ -83,7 +83,7 @@ class Slots:
 
 class Scorer:
     def __init__(
-        self, client: AsyncClient, store: ResultStore, model: str,
+        self, client: AsyncClient, store: StoreResults, model: str,
         request_id: Callable[[int], str], tuning: Tuning, *, adopt_below: int = 0,
         on_published: Callable[[int], Awaitable[None]] | None = None,
         version: str | None = None,

@@ -15,8 +15,7 @@ from contextlib import asynccontextmanager
 import structlog
 from fastapi import FastAPI
 
-from batchfleet.connectors import BrokerURL, open_result_store, results_url_for
-from batchfleet.connectors.quotas import QuotaGate
+from batchfleet.connectors import BrokerURL, open_control_plane, results_url_for
 from batchfleet.producers.admission import AdmissionLimits
 from batchfleet.producers.client import AsyncClient
 from batchfleet.producers.gateway import problems
@@ -25,7 +24,6 @@ from batchfleet.producers.gateway.routes import Gateway, operations, requests
 from batchfleet.producers.gateway.routes_admin import admin
 from batchfleet.producers.gateway.routes_models import models
 from batchfleet.producers.gateway.settings import GatewaySettings
-from batchfleet.schemas.names import Names
 
 log = structlog.get_logger("batchfleet.gateway")
 
@@ -51,17 +49,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                              admission=AdmissionLimits(settings.admit_max_memory,
                                                        settings.admit_max_backlog),
                              model_list_ttl_s=settings.model_list_ttl_s)
-        # Its own store handle, for readiness, ownership reads and quotas.
-        store = open_result_store(results_url, Names(settings.namespace),
-                                  settings.result_ttl_s,  # quota slots live as long as records
-                                  max_connections=settings.redis_max_connections)
-        quotas = QuotaGate.over(store)
-        app.state.gateway = Gateway(settings, client, store, metrics, quotas, id_secret)
+        # Its own plane, for readiness, ownership reads and quotas.
+        plane = open_control_plane(
+            results_url, namespace=settings.namespace,
+            result_ttl_s=settings.result_ttl_s,  # quota slots live as long as records
+            max_connections=settings.redis_max_connections)
+        app.state.gateway = Gateway(settings, client, plane, metrics, id_secret)
         try:
             yield
         finally:
             await client.close()
-            await store.close()
+            await plane.close()
 
     app = FastAPI(title="batchfleet gateway", version="1", lifespan=lifespan,
                   description="Submit inference requests, poll or long-poll their results. "

@@ -20,9 +20,9 @@ from fastapi.security import APIKeyHeader
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from batchfleet.connectors import ResultStore
-from batchfleet.connectors.quotas import OVER_IN_FLIGHT, OVER_RATE, QuotaGate
-from batchfleet.connectors.result_store import StoredRecord
+from batchfleet.connectors.control_plane import ControlPlane, Quotas, StoreResults
+from batchfleet.connectors.quotas import OVER_IN_FLIGHT, OVER_RATE
+from batchfleet.connectors.values import StoredRecord
 from batchfleet.producers.client import AsyncClient, new_request_id
 from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.bodies import (
@@ -73,11 +73,19 @@ class Gateway:
 
     settings: GatewaySettings
     client: AsyncClient
-    store: ResultStore
+    #: Its own, apart from the client's: readiness, ownership reads, quotas, rollouts.
+    plane: ControlPlane
     metrics: GatewayMetrics
-    quotas: QuotaGate
     #: HMAC key for derived request IDs (settings.id_secret, or random per process).
     id_secret: bytes
+
+    @property
+    def store(self) -> StoreResults:
+        return self.plane.results
+
+    @property
+    def quotas(self) -> Quotas:
+        return self.plane.quotas
 
     async def admit(self, key: ApiKey, ids: Sequence[str], response: Response) -> None:
         """Charge ``ids`` to the key's quota (slots held until their terminal results, even

@@ -1,7 +1,7 @@
 """Operator routes: the fleet snapshot and the dead-letter queue, for admin keys only.
 
 Each route calls the library the CLI calls and only shapes its answer:
-``GET /v1/fleet`` is ``batchfleet status --json`` (``connectors.fleet.FleetReader``),
+``GET /v1/fleet`` is ``batchfleet status --json`` (the plane's ``fleet`` reader),
 ``GET /v1/dlq`` pages one model's dead letters and ``POST /v1/dlq/replay`` is
 ``batchfleet dlq replay [--dry-run]`` (``connectors.dlq_ops.DeadLetterOps``). Any other
 key gets 403. Every call opens its own connections: these are rare operator calls,
@@ -16,10 +16,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from batchfleet.connectors import BrokerURL, results_url_for
-from batchfleet.connectors.dead_letters import DeadLetter
+from batchfleet.connectors import open_broker
 from batchfleet.connectors.dlq_ops import DeadLetterOps, Selection
-from batchfleet.connectors.fleet import FleetReader
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.models import (
     DeadLetterPage,
@@ -30,7 +29,6 @@ from batchfleet.producers.gateway.models import (
 )
 from batchfleet.producers.gateway.routes import Gateway, GatewayDep, KeyDep
 from batchfleet.schemas.errors import AuthError, ValidationError
-from batchfleet.schemas.names import Names
 from batchfleet.schemas.validation import check_model_name
 
 admin = APIRouter(prefix="/v1", tags=["admin"])
@@ -69,8 +67,7 @@ async def fleet(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     ``batchfleet status --json`` prints. Admin keys only."""
     _require_admin(key)
     s = gw.settings
-    broker = BrokerURL.parse(s.broker)
-    reader = FleetReader(broker, results_url_for(broker, s.results), Names(s.namespace))
+    reader = gw.plane.fleet(open_broker(s.broker, namespace=s.namespace))
     try:
         return (await reader.read()).to_json()
     finally:

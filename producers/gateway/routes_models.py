@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from batchfleet.connectors.rollout import Rollouts, rollouts_for
+from batchfleet.connectors.control_plane import Rollouts
 from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.models import (
     ChangeIn,
@@ -59,7 +59,7 @@ def _who(key: ApiKey) -> str:
 
 
 def _rollouts(gw: Gateway) -> Rollouts:
-    return rollouts_for(gw.store)
+    return gw.plane.rollouts
 
 
 @models.get("/models", response_model=ModelList, responses=_READ_ERRORS)

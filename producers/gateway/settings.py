@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchfleet.connectors.result_store import DEFAULT_TTL_S
 from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.producers.gateway.auth import KeyRing
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.settings import (

@@ -13,7 +13,7 @@ import hmac
 from collections.abc import Sequence
 
 from batchfleet.connectors.quotas import OVER_RATE, TOO_BIG, Admission
-from batchfleet.connectors.result_store import StoredRecord
+from batchfleet.connectors.values import StoredRecord
 from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.schemas.errors import (
     IdempotencyConflictError,

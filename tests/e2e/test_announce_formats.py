@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.envelopes import Result, decode_result, encode_result

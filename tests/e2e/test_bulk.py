@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.bulk_jobs import RedisBulkJobs
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers.bulk import (
     Endpoints,
     JobConflictError,

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from batchfleet.connectors import open_result_store, redis_client
 from batchfleet.connectors.bulk_jobs import RedisBulkJobs
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, request_cancel, run_job
 from batchfleet.producers.bulk.rows import Row
@@ -39,6 +39,7 @@ from tests.support.bulk_main import (
 )
 from tests.support.fleet import running_worker
 from tests.support.models import SlowMLP
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.e2e
 MiB = 1024 * 1024

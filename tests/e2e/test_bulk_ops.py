@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.bulk_jobs import RedisBulkJobs
 from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, load_job, run_job
 from batchfleet.producers.bulk.job import describe
 from batchfleet.schemas.names import Names

@@ -20,8 +20,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.bulk_jobs import RedisBulkJobs
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, load_job, run_job
 from batchfleet.producers.bulk.dataset import DatasetSpec
 from batchfleet.producers.bulk.dataset_job import open_part, run_dataset

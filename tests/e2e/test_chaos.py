@@ -55,7 +55,7 @@ async def _wait_all(client: AsyncClient, ids: list[str], timeout: float,
 async def _diagnose(url: str, namespace: str, ids: list[str], results: list[Result | None]
                     ) -> str:
     """Where the requests without a result are stuck: their records, streams and retries."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import redis_client
     from batchfleet.schemas.envelopes import decode_request_header
     from batchfleet.schemas.names import Names
 
@@ -135,7 +135,7 @@ async def _backlog(redis: Redis, key: str) -> int | None:
 async def test_chaos_run_on_redis_every_request_ends_exactly_once(
         durable_redis: EmbeddedRedis) -> None:
     """Disruptions are tied to progress, not to the clock, so they land mid-run on any machine."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import redis_client
     from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 
     url = durable_redis.url
@@ -288,7 +288,7 @@ async def test_chaos_run_with_redis_restarted_empty_reconciles(redis_server: Emb
     """Redis restarted WITHOUT persistence mid-run, plus a worker kill: every request ends
     succeeded, failed (poison) or reported lost; nothing hangs; nothing submitted after the
     restart is lost; the worker that lived through it serves on without a restart."""
-    from batchfleet.connectors import redis_client
+    from batchfleet.connectors.redis_client import redis_client
     from batchfleet.schemas.names import LANE_INTERACTIVE, Names
 
     url = redis_server.url

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 
 from batchfleet import options
 from batchfleet.cli import app
-from batchfleet.connectors import redis_client
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue
+from batchfleet.connectors.dead_letters import DeadLetterQueue
+from batchfleet.connectors.redis_client import redis_client
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.producers.gateway import hash_key
 from batchfleet.schemas.names import Names
 from batchfleet.workers.middleware.stuck import EXIT_STUCK

@@ -14,8 +14,9 @@ import yaml
 from typer.testing import CliRunner
 
 from batchfleet.cli import app
-from batchfleet.connectors import redis_client
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue
+from batchfleet.connectors.dead_letters import DeadLetterQueue
+from batchfleet.connectors.redis_client import redis_client
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.schemas.names import Names
 from tests.e2e.test_cli_errors import COMMANDS
 from tests.support.fleet import running_worker

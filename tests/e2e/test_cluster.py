@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.dlq import DeadLetterOps
 from batchfleet.schemas.names import Names
 from batchfleet.workers.per_model import PerModel

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.schemas.names import Names
 from tests.support.transports import Fleet
 

@@ -22,10 +22,10 @@ import httpx
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.cluster_plane import ClusterDeadLetterQueue
 from batchfleet.connectors.dead_letters import DeadLetter
 from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
 from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
 from batchfleet.schemas.names import Names

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.errors import UnknownModelError, ValidationError
 from batchfleet.schemas.names import LANE_INTERACTIVE, Names

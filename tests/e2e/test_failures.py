@@ -11,9 +11,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
-from batchfleet.connectors.dead_letters import DeadLetter
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.dlq import DeadLetterOps, Selection
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.envelopes import decode_request, encode_request
@@ -214,10 +214,10 @@ async def test_a_request_implicated_in_a_stall_elsewhere_is_quarantined_on_its_n
         redis_url: str) -> None:
     """Stall counts are durable: a request that stalled a batch on a worker that then died
     is quarantined the first time it stalls alone on another, not run alone again."""
-    from batchfleet.connectors import open_result_store
     from batchfleet.workers.models import TensorSpec, TorchModuleHandler
     from batchfleet.workers.per_model import PerModel
     from tests.support.models import SLOW, Sleepy
+    from tests.support.seams import open_result_store
 
     async with AsyncClient(redis_url, check_model=False) as client:
         rid = await client.submit("slow", np.full(10, SLOW, np.float32))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.ssrf import CallbackPolicy
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key

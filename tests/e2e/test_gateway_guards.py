@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.model_registry import open_model_registry
-from batchfleet.connectors.result_store import TerminalWrite
 from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.connectors.values import TerminalWrite
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
 from batchfleet.schemas.envelopes import Result, encode_result
@@ -29,6 +28,7 @@ from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import Declaration
 from tests.support.gateway_main import live_gateway
 from tests.support.receiver import Receiver
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.e2e
 

@@ -15,17 +15,19 @@ from typing import Any
 import httpx
 import pytest
 
-from batchfleet.connectors import SubmitState, TerminalWrite, open_result_store, redis_client
+from batchfleet.connectors import SubmitState, TerminalWrite
 from batchfleet.connectors.model_registry import open_model_registry
 from batchfleet.connectors.quotas import Quota, QuotaGate
-from batchfleet.connectors.result_store import Ownership
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.ssrf import CallbackPolicy
+from batchfleet.connectors.values import Ownership
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import Declaration
 from tests.support.fleet import running_worker
 from tests.support.gateway_main import gateway_process, live_gateway
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.e2e
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.fleet import FleetReader
 from batchfleet.connectors.model_registry import open_model_registry
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.urls import BrokerURL
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
@@ -180,8 +180,8 @@ async def test_lowering_k_strands_nothing_and_lost_shards_heal(redis_url: str) -
 async def test_lane_depth_admission_and_purge_cover_every_shard(redis_url: str) -> None:
     """What an operator runs on a sharded lane sees all of it: `lane purge`'s depth and
     purge, and the producer's admission depth, sum the K shard streams."""
-    from batchfleet.connectors import open_result_store
     from batchfleet.connectors.request_control import open_request_control
+    from tests.support.seams import open_result_store
 
     await _seed_shards(redis_url, 4)
     rows = np.random.default_rng(3).random((200, 10), dtype=np.float32)

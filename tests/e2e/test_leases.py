@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.dlq import DeadLetterOps
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names

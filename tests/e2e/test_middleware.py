@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.broker import Delivery
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.workers import Worker, WorkerSettings
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.context import WorkerContext

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers import AsyncClient, Client
 from batchfleet.schemas import Request, encode_request
 from batchfleet.schemas.errors import RequestConflictError, UnknownModelError

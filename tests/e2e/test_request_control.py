@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
 from batchfleet.workers.middleware.cancels import CancelledDrop

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchfleet.connectors import BrokerURL, redis_client
+from batchfleet.connectors import BrokerURL
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
+from batchfleet.connectors.fleet import FleetReader
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.result_cache import RedisResultCache
 from batchfleet.connectors.urls import results_url_for
 from batchfleet.schemas.envelopes import Result
-from batchfleet.status import FleetReader, cache_cell
+from batchfleet.status import cache_cell
 from batchfleet.workers import Worker, WorkerSettings
 from batchfleet.workers.middleware.defaults import default_middleware
 from batchfleet.workers.middleware.metrics import Metrics

@@ -10,13 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from batchfleet.connectors.model_registry import model_registry_for
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.registry import GuardThresholds, RolloutPolicy
 from batchfleet.workers import Worker
 from batchfleet.workers.middleware.rollout_guard import RolloutGuard
 from tests.support.fleet import running_worker
 from tests.support.models import FLAKY
+from tests.support.seams import model_registry_for
 
 pytestmark = pytest.mark.e2e
 

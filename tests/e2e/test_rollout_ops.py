@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from batchfleet.cli import app
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry, open_model_registry
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
 from batchfleet.producers import AsyncClient, Client
 from batchfleet.producers.gateway import KeyRing, hash_key

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchfleet.connectors import control_plane_for, open_result_store
 from batchfleet.connectors.model_registry import RedisModelRegistry, open_model_registry
-from batchfleet.connectors.routes import route_plane_for
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.bulk import Endpoints, JobSpec, run_job
@@ -29,6 +27,7 @@ from batchfleet.workers import Worker
 from batchfleet.workers.middleware.routing import Routing, choose
 from batchfleet.workers.models import build_mlp
 from tests.support.fleet import running_worker
+from tests.support.seams import control_plane_for, open_result_store, route_plane_for
 from tests.support.transports import Fleet
 
 pytestmark = pytest.mark.e2e

@@ -19,9 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from batchfleet.cli import app
-from batchfleet.connectors import open_result_store
-from batchfleet.connectors.model_registry import model_registry_for
-from batchfleet.connectors.rollout_stats import ShadowReport, rollout_stats_for
+from batchfleet.connectors.rollout_stats import ShadowReport
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
@@ -29,6 +27,7 @@ from batchfleet.workers.middleware.rollout_stats import VersionStats
 from batchfleet.workers.middleware.shadow import Shadow
 from batchfleet.workers.models.builtin import build_mlp
 from tests.support.fleet import running_worker
+from tests.support.seams import model_registry_for, open_result_store, rollout_stats_for
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient, OverloadedError, RequestLostError, Result
 from batchfleet.producers.admission import AdmissionLimits

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from batchfleet.connectors import BrokerURL
+from batchfleet.connectors.fleet import FleetReader
 from batchfleet.connectors.urls import results_url_for
-from batchfleet.status import FleetReader, FleetSnapshot, LaneView
+from batchfleet.status import FleetSnapshot, LaneView
 from tests.support.models import Switchable, switchable
 from tests.support.transports import Fleet
 

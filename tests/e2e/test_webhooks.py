@@ -190,12 +190,12 @@ async def test_the_job_sends_only_the_stored_terminal_result(redis_url: str,
     a vanished record gives up; the body is always the store's, never the job's."""
     import redis as sync_redis
 
-    from batchfleet.connectors import open_result_store
     from batchfleet.connectors.result_store import TerminalWrite
     from batchfleet.connectors.webhook_jobs import DeliveryConfig, deliver
     from batchfleet.schemas.envelopes import Result, encode_result
     from batchfleet.schemas.errors import WebhookDeliveryError
     from batchfleet.schemas.names import Names
+    from tests.support.seams import open_result_store
 
     names = Names(NS)
     store = open_result_store(redis_url, names)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names

@@ -9,12 +9,12 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import ModelVersion, TensorSpec
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.integration
 NS = "cp"

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.broker import Delivery
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.envelopes import Request
@@ -30,6 +29,7 @@ from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
 from batchfleet.workers.worker import Worker
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.integration
 

@@ -9,37 +9,38 @@ import pytest
 import redis.asyncio as aioredis
 
 from batchfleet.connectors import (
-    FACTORIES,
     BrokerURL,
     ControlPlane,
     TerminalWrite,
-    control_plane_for,
+    control_plane_schemes,
     open_control_plane,
-    open_result_store,
 )
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.fleet import FleetReader
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS as R
 from batchfleet.schemas.errors import ConfigError, ResultStoreError
 from batchfleet.schemas.names import LANES, Names
+from tests.support.seams import control_plane_for, open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("cp")
 
 
 async def test_factory_picks_the_store_by_scheme(redis_url: str) -> None:
-    plane: ControlPlane = open_control_plane(redis_url, NAMES, ttl_s=60)
+    plane: ControlPlane = open_control_plane(redis_url, namespace=NAMES.prefix,
+                                             result_ttl_s=60)
     try:
         assert await plane.results.ping()
-        assert {"redis", "rediss"} <= set(FACTORIES)
+        assert plane.results.ttl_s == 60
+        assert {"redis", "rediss", "unix", "redis+cluster"} <= set(control_plane_schemes())
     finally:
         await plane.close()
-    with pytest.raises(ConfigError, match="no result store"):
-        open_control_plane("postgres://db/x", NAMES)
+    with pytest.raises(ConfigError, match="no control plane for scheme 'postgres'; installed: "):
+        open_control_plane("postgres://db/x", namespace=NAMES.prefix)
 
 
 async def test_heartbeats_are_found_without_a_scan_and_forgotten(redis_url: str) -> None:
-    plane = open_control_plane(redis_url, NAMES)
+    plane = open_control_plane(redis_url, namespace=NAMES.prefix)
     try:
         beats = plane.heartbeats
         assert await beats.write("w1", {"worker_id": "w1", "models": ["m"]}, 10) is False
@@ -76,7 +77,7 @@ async def test_announcements_reach_the_subscriber(redis_url: str) -> None:
 
 async def test_driver_errors_come_out_as_project_errors() -> None:
     """A store that is not there: every seam raises ResultStoreError, never RedisError."""
-    plane = open_control_plane("redis://127.0.0.1:1/0", NAMES)
+    plane = open_control_plane("redis://127.0.0.1:1/0", namespace=NAMES.prefix)
     try:
         for call in (plane.retry_schedule.size(), plane.retry_schedule.next_due(),
                      plane.dead_letters.size("m"), plane.undecodable.size(),
@@ -116,7 +117,7 @@ async def _commands_of_one_read(client: aioredis.Redis, redis_url: str) -> dict[
 async def test_status_costs_the_same_at_100k_result_keys(redis_url: str) -> None:
     """Issue 18: ``status`` finds workers, lanes and DLQs through sets, never a SCAN."""
     client = aioredis.Redis.from_url(redis_url)
-    plane = open_control_plane(redis_url, NAMES)
+    plane = open_control_plane(redis_url, namespace=NAMES.prefix)
     try:
         await client.sadd(NAMES.model_registry, "m1")
         for lane in LANES:

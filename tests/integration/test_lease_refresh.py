@@ -8,9 +8,10 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from batchfleet.connectors import BrokerURL, OutboundMessage, open_consumer, open_publisher
+from batchfleet.connectors import BrokerURL, OutboundMessage
 from batchfleet.schemas.names import Names
 from batchfleet.workers.leases import Leases
+from tests.support.seams import open_consumer, open_publisher
 
 pytestmark = pytest.mark.integration
 NAMES = Names("tl")

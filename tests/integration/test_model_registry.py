@@ -9,13 +9,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.model_registry import (
     FORGET_SERVED_AFTER_S,
     RedisModelRegistry,
     Undeclared,
     open_model_registry,
 )
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.schemas.errors import ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (

@@ -11,16 +11,13 @@ import redis.asyncio as aioredis
 
 from batchfleet.connectors.broker import OutboundMessage
 from batchfleet.connectors.redis_streams import RedisStreamsPublisher
-from batchfleet.connectors.redis_submit import OneTripSubmit, one_trip_for
-from batchfleet.connectors.result_store import (
-    Ownership,
-    ResultStore,
-    SubmitState,
-    TerminalWrite,
-)
+from batchfleet.connectors.redis_submit import OneTripSubmit
+from batchfleet.connectors.result_store import ResultStore
+from batchfleet.connectors.values import Ownership, SubmitState, TerminalWrite
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import Names
+from tests.support.seams import one_trip_for
 
 pytestmark = pytest.mark.integration
 

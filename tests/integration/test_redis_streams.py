@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
-from batchfleet.connectors import BrokerURL, OutboundMessage, open_consumer, open_publisher
+from batchfleet.connectors import BrokerURL, OutboundMessage
 from batchfleet.schemas.names import Names
+from tests.support.seams import open_consumer, open_publisher
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")

@@ -5,13 +5,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from batchfleet.connectors import SubmitState, TerminalWrite, open_result_store
+from batchfleet.connectors import SubmitState, TerminalWrite
 from batchfleet.connectors.announcements import parse_announcement
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
-from batchfleet.connectors.retry_schedule import Retry, RetrySchedule
+from batchfleet.connectors.dead_letters import DeadLetterQueue
+from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS as R
 from batchfleet.schemas.envelopes import Request, encode_request
 from batchfleet.schemas.names import Names
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")

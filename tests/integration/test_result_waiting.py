@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from batchfleet.connectors import TerminalWrite, open_result_store
+from batchfleet.connectors import TerminalWrite
 from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result, encode_result
 from batchfleet.schemas.errors import RequestLostError
 from batchfleet.schemas.names import Names
+from tests.support.seams import control_plane_for, open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("tw")
@@ -27,7 +28,7 @@ def _done(rid: str) -> TerminalWrite:
 
 async def test_expected_ids_resolve_from_announcements_alone(redis_url: str) -> None:
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=NO_POLL_S)
     try:
         await waiter.start()
         await store.put_pending([(rid, b"p") for rid in ("early", "late")])
@@ -52,7 +53,7 @@ async def test_results_announced_while_the_subscription_is_down_are_read_on_reco
     """Pub/sub is at-most-once: a reconnect reads every outstanding wait at once, so
     nothing announced into the gap is missed, and nothing waits for the slow poll."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=NO_POLL_S)
     try:
         await waiter.start()
         ids = ["gap-1", "gap-2", "after"]
@@ -76,7 +77,7 @@ async def test_results_announced_while_the_subscription_is_down_are_read_on_reco
 async def test_unexpected_ids_are_read_first(redis_url: str) -> None:
     """An ID this client did not submit (another process's) is found by the first read."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=NO_POLL_S)
     try:
         write = _done("theirs")
         await store.write_terminal([TerminalWrite(write.request_id, write.status, write.body)])
@@ -91,7 +92,8 @@ async def test_unexpected_ids_are_read_first(redis_url: str) -> None:
 async def test_wait_on_an_id_that_never_existed_ends_with_request_lost(redis_url: str) -> None:
     """No record, and none appears: even timeout=None ends within a few seconds."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.5)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=0.2,
+                          loss_grace_s=0.5)
     try:
         with pytest.raises(RequestLostError) as lost:
             await asyncio.wait_for(waiter.wait_many(["ghost"], timeout=None), 15)
@@ -105,7 +107,8 @@ async def test_pending_request_on_a_lost_lane_ends_and_others_finish(redis_url: 
     """wait_many's contract: the lost IDs are named once the rest have finished, and
     the results that did arrive are on the exception, in request order."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.5)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=0.2,
+                          loss_grace_s=0.5)
     try:
         def pending(rid: str, enqueued_at: float) -> tuple[str, bytes]:
             return rid, encode_result(Result(rid, "pending", model="m",
@@ -134,7 +137,7 @@ async def test_expect_keeps_an_arrived_result_and_unexpect_undoes_only_its_own(
     """The one-trip submit expects IDs before it knows they are new, then undoes what it
     added for those that were not: an announced body is kept, an earlier expectation too."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=NO_POLL_S)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=NO_POLL_S)
     try:
         await waiter.start()
         await store.put_pending([(rid, b"p") for rid in ("done", "mine")])

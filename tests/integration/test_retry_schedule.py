@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from batchfleet.connectors import open_result_store
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue
+from batchfleet.connectors.dead_letters import DeadLetterQueue
 from batchfleet.connectors.retry_schedule import RetrySchedule
+from batchfleet.connectors.values import DeadLetter
 from batchfleet.schemas.names import Names
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("t")

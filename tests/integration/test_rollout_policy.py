@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import msgpack
 import pytest
 
-from batchfleet.connectors import redis_client
 from batchfleet.connectors.model_registry import (
     HISTORY_MAX,
     RedisModelRegistry,
     open_model_registry,
 )
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.schemas.errors import UnknownModelError, ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (

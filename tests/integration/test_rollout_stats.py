@@ -8,16 +8,15 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.rollout_stats import (
     SAMPLE_CAP,
     ComparisonDelta,
     RedisRolloutStats,
     VersionDelta,
     compare_outputs,
-    rollout_stats_for,
 )
 from batchfleet.schemas.names import Names
+from tests.support.seams import open_result_store, rollout_stats_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,13 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio as aioredis
 
-from batchfleet.connectors import TerminalWrite, open_result_store
+from batchfleet.connectors import TerminalWrite
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
 from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result, encode_result
 from batchfleet.schemas.errors import RequestLostError, ValidationError
 from batchfleet.schemas.names import Names
+from tests.support.seams import control_plane_for, open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("wl")
@@ -41,7 +42,8 @@ async def test_results_already_received_survive_a_restart_that_empties_redis(
     empty are still returned by a later wait, without a read; only the expectation whose
     announcement never came is forgotten, so its wait finds the record gone (lost)."""
     store = open_result_store(redis_server.url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.3)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=0.2,
+                          loss_grace_s=0.3)
     ids = [f"r{i}" for i in range(500)]
     try:
         await waiter.start()
@@ -69,7 +71,8 @@ async def test_a_wait_started_before_the_submit_waits_its_own_grace(redis_url: s
     began. With the waiter's default (0.3 s) an ID submitted 1.5 s later would be lost;
     a wait given 4 s gets its result, and an ID that never appears is still given up."""
     store = open_result_store(redis_url, NAMES)
-    waiter = ResultWaiter(store, NAMES, "me", poll_interval_s=0.2, loss_grace_s=0.3)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=0.2,
+                          loss_grace_s=0.3)
     try:
         early = asyncio.create_task(waiter.wait_many(["later"], timeout=30, loss_grace_s=4.0))
         ghost = asyncio.create_task(waiter.wait_many(["ghost"], timeout=30, loss_grace_s=4.0))

@@ -14,10 +14,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.connectors import TerminalWrite, open_result_store
+from batchfleet.connectors import TerminalWrite
 from batchfleet.connectors.announcements import parse_announcement
-from batchfleet.connectors.dead_letters import DeadLetter, DeadLetterQueue, Lettered
-from batchfleet.connectors.result_store import Ownership
+from batchfleet.connectors.dead_letters import DeadLetterQueue
+from batchfleet.connectors.values import DeadLetter, Lettered, Ownership
 from batchfleet.schemas.envelopes import (
     NOTIFY_RESULTS,
     Request,
@@ -37,6 +37,7 @@ from batchfleet.schemas.registry import (
     encode_served,
     pack,
 )
+from tests.support.seams import open_result_store
 
 pytestmark = pytest.mark.integration
 NAMES = Names("bf")

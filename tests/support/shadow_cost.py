@@ -22,12 +22,11 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchfleet.connectors import open_result_store
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
-from batchfleet.connectors.model_registry import model_registry_for
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
+from tests.support.seams import model_registry_for, open_result_store
 
 MODELS = ("demo-mlp", "demo-mlp@slow=tests.support.models:slow_shadow",
           "demo-encoder", "demo-encoder@twin=demo-encoder")

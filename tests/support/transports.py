@@ -8,12 +8,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from batchfleet.connectors import BrokerURL, OutboundMessage, open_publisher
+from batchfleet.connectors import BrokerURL, OutboundMessage
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
 from batchfleet.workers import Worker
 from tests.support.fleet import running_worker
+from tests.support.seams import open_publisher
 
 #: Short Kafka sessions: Tansu holds a group join for half of it, and a dead member's
 #: partitions move after it.

@@ -8,7 +8,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from batchfleet.connectors.result_cache import CacheEntry, cache_key, decode_entry, encode_entry
+from batchfleet.connectors.result_cache import cache_key, decode_entry, encode_entry
+from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import (
     Request,
     Result,

@@ -2,11 +2,20 @@
 producers/ or batchfleet/ (the CLI) imports ``redis``, calls ``redis_client(...)`` or
 reaches for a ``.redis`` attribute (the result store's client). Driver errors are
 wrapped into the project's error tree inside ``connectors``, so nothing above catches
-them either. Tests are not checked: they may inspect Redis directly."""
+them either. Tests are not checked: they may inspect Redis directly.
+
+And nothing above ``connectors`` names a backend: a backend is reached through the two
+doors only (``open_control_plane``, ``open_broker``), so a module above may not import a
+backend module (``connectors.redis_*``, ``cluster_*``, ``kafka*``, ``result_store``,
+``embedded_*``), a name of a backend class (``Redis*``, ``Kafka*``, ``Cluster*``), or an
+opener other than the doors (``open_*``). What it may import from ``connectors`` is the
+doors, the protocols and their neutral values, and a seam's own value types and pure
+helpers (a cancel report, a quota, ``cache_key``)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +33,50 @@ ALLOWED = {
     "batchfleet/bench/capacity_meter.py": "counts what requests cost Redis: CONFIG "
                                           "RESETSTAT, INFO commandstats on every node",
 }
+
+
+#: Module -> the backend modules it may import, and why. Keep this short.
+BACKEND_ALLOWED: dict[str, tuple[set[str], str]] = {
+    "batchfleet/demo.py": ({"embedded_redis", "embedded_kafka"},
+                           "starts a server process for the demo; the doors open it"),
+    "batchfleet/bench/fleet.py": ({"embedded_redis", "embedded_kafka"}, "starts servers"),
+    "batchfleet/bench/run.py": ({"embedded_redis"}, "finds redis-server to start it"),
+    "batchfleet/bench/capacity_meter.py": ({"redis_client"}, "meters Redis itself"),
+    "batchfleet/bench/capacity_run.py": ({"redis_client"}, "meters Redis itself"),
+    "batchfleet/bench/capacity_cluster.py": ({"cluster_store", "cluster_streams",
+                                              "redis_streams", "result_store"},
+                                             "sizes the Redis scripts it meters"),
+    "batchfleet/bench/broker_loop.py": ({"kafka_publisher"},
+                                        "the broker-only baseline makes its own topics"),
+}
+_BACKEND_MODULE = re.compile(
+    r"^(redis_\w+|cluster_\w+|kafka\w*|memory_\w+|result_store|embedded_\w+)$")
+_BACKEND_NAME = re.compile(
+    r"^(Redis|Kafka|Cluster|Memory)[A-Z]\w*$|^open_(?!control_plane$|broker$)\w+$")
+_DOORS = "batchfleet.connectors"
+
+
+def _backend_imports(path: Path) -> list[str]:
+    """What a module imports that names a backend: ``module`` or ``module.name``."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(_DOORS + "."):
+                    mod = alias.name.split(".")[2]
+                    if _BACKEND_MODULE.match(mod):
+                        found.append(mod)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and (node.module == _DOORS or node.module.startswith(_DOORS + ".")):
+            parts = node.module.split(".")
+            mod = parts[2] if len(parts) > 2 else ""
+            if _BACKEND_MODULE.match(mod):
+                found.append(mod)
+            for alias in node.names:
+                if (not mod and _BACKEND_MODULE.match(alias.name)) \
+                        or _BACKEND_NAME.match(alias.name):
+                    found.append(f"{mod or alias.name}.{alias.name}" if mod else alias.name)
+    return found
 
 
 def _modules() -> list[Path]:
@@ -83,6 +136,46 @@ def test_the_allow_list_is_not_stale() -> None:
     assert stale == []
 
 
+def test_nothing_above_connectors_names_a_backend() -> None:
+    """Workers, producers, the CLI and the bench reach a backend only through the doors."""
+    offenders: dict[str, list[str]] = {}
+    for path in _modules():
+        rel = str(path.relative_to(ROOT))
+        allowed = BACKEND_ALLOWED.get(rel, (set(), ""))[0]
+        bad = [f for f in _backend_imports(path) if f.split(".")[0] not in allowed]
+        if bad:
+            offenders[rel] = bad
+    assert offenders == {}
+
+
+def test_the_backend_check_sees_each_way_to_name_one(tmp_path: Path) -> None:
+    cases = {
+        "from batchfleet.connectors.redis_streams import RedisStreamsPublisher": 2,
+        "from batchfleet.connectors.result_store import ResultStore": 1,
+        "from batchfleet.connectors import redis_streams": 1,
+        "import batchfleet.connectors.kafka_publisher": 1,
+        "from batchfleet.connectors.embedded_redis import EmbeddedRedis": 1,
+        "from batchfleet.connectors.rollout import open_rollouts": 1,
+        "from batchfleet.connectors.model_registry import RedisModelRegistry": 1,
+        "from batchfleet.connectors import ClusterThing": 1,
+        "from batchfleet.connectors.memory_plane import MemoryControlPlane": 2,
+        "from batchfleet.connectors import memory_broker": 1,
+        "from batchfleet.connectors import open_control_plane, open_broker": 0,
+        "from batchfleet.connectors.control_plane import ControlPlane, StoreResults": 0,
+        "from batchfleet.connectors.values import StorePressure, TerminalWrite": 0,
+        "from batchfleet.connectors.quotas import Quota": 0,
+    }
+    for source, expected in cases.items():
+        path = tmp_path / "m.py"
+        path.write_text(source + "\n")
+        assert len(_backend_imports(path)) == expected, source
+
+
+def test_the_backend_allow_list_is_not_stale() -> None:
+    stale = [rel for rel, (mods, _) in BACKEND_ALLOWED.items()
+             if not (ROOT / rel).exists()
+             or not mods & {f.split(".")[0] for f in _backend_imports(ROOT / rel)}]
+    assert stale == []
 # --- the worker's seams: middleware see a WorkerContext, the spine sees no middleware -----
 
 #: What the spine (workers/worker.py) may import from workers/middleware: the chain and

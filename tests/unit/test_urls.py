@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchfleet.connectors import control_plane
-from batchfleet.connectors.urls import BROKERS, BrokerURL, parse_url, results_url_for
+from batchfleet.connectors import registry
+from batchfleet.connectors.urls import BrokerURL, parse_url, results_url_for
 from batchfleet.producers import Client
 from batchfleet.schemas.errors import ConfigError, URLError
 
@@ -28,7 +28,7 @@ MALFORMED = {
     "redis://h:6379/0/1": "not /DB",
     "redis://a:1,b:2/0": "takes one host",
     "http://h:6379/0": "unknown scheme 'http'",
-    "memory://": "unknown scheme 'memory'",
+    "nosuch://h": "unknown scheme 'nosuch'",
     "redis+cluster://": "no host list",
     "redis+cluster://,": "no host",
     "redis+cluster://a:1,,b:2": "no host",
@@ -43,7 +43,7 @@ MALFORMED = {
 GOOD = ("redis://localhost:6379/0", "redis://h/3", "redis://h", "rediss://u:p@h:6380/1",
         "redis://[::1]:6379/0", "redis://h:6379/0?socket_timeout=3", "unix:///tmp/r.sock",
         "redis+cluster://a:7000,b:7001", "redis+cluster://:pw@a:7000/0", "kafka://k:9092",
-        "kafka://a:9092,b:9093/")
+        "kafka://a:9092,b:9093/", "memory://", "memory://nb")
 
 
 @pytest.mark.parametrize(("url", "why"), MALFORMED.items())
@@ -73,18 +73,29 @@ def test_results_urls_are_parsed_as_strictly_and_a_kafka_one_is_no_store() -> No
         results_url_for(redis, "redis+cluster://a:1")
 
 
-def test_the_schemes_come_from_the_backend_tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store registered in the control-plane table is accepted with no change here;
-    broker schemes are the broker table's."""
-    with pytest.raises(URLError, match="unknown scheme 'memory'"):
-        results_url_for(BrokerURL.parse("kafka://k:1"), "memory://")
-    monkeypatch.setitem(control_plane.FACTORIES, "memory", control_plane.FACTORIES["redis"])
-    assert results_url_for(BrokerURL.parse("kafka://k:1"), "memory://x") == "memory://x"
-    with pytest.raises(URLError, match="nothing after the scheme"):
-        results_url_for(BrokerURL.parse("kafka://k:1"), "memory://")
-    assert set(BROKERS) >= {"redis", "kafka", "redis+cluster"}
-    with pytest.raises(URLError, match="schemes are kafka, redis"):
-        parse_url("x://h", BROKERS)
+def test_the_schemes_come_from_the_doors_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control plane registered under a new scheme is accepted with no change here, and
+    becomes the default store of a broker of the same scheme; broker schemes are the
+    broker registry's."""
+    with pytest.raises(URLError, match="unknown scheme 'zz'"):
+        results_url_for(BrokerURL.parse("kafka://k:1"), "zz://")
+    planes = dict(registry.BUILT_IN[registry.PLANES_GROUP], zz="x:y")
+    brokers = dict(registry.BUILT_IN[registry.BROKERS_GROUP], zz="x:y")
+    monkeypatch.setitem(registry.BUILT_IN, registry.PLANES_GROUP, planes)
+    monkeypatch.setitem(registry.BUILT_IN, registry.BROKERS_GROUP, brokers)
+    registry.forget_installed()
+    try:
+        assert results_url_for(BrokerURL.parse("kafka://k:1"), "zz://x") == "zz://x"
+        with pytest.raises(URLError, match="nothing after the scheme"):
+            results_url_for(BrokerURL.parse("kafka://k:1"), "zz://")
+        zz = BrokerURL.parse("zz://anything")
+        assert zz.kind == "zz" and results_url_for(zz, None) == "zz://anything"
+    finally:
+        monkeypatch.undo()
+        registry.forget_installed()
+    assert set(registry.broker_schemes()) >= {"redis", "kafka", "redis+cluster", "memory"}
+    with pytest.raises(URLError, match="schemes are kafka, memory, redis"):
+        parse_url("x://h", registry.broker_schemes())
 
 
 def test_a_password_never_shows_in_the_refusal() -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.request_control import CancelSet, cancel_set_for
+from batchfleet.connectors.control_plane import Cancels
 from batchfleet.schemas.errors import ResultStoreError
 from batchfleet.workers.middleware.base import Batch, Middleware
 
@@ -37,7 +37,7 @@ REFRESH_S = 1.0
 class CancelledDrop(Middleware):
     def __init__(self, refresh_s: float = REFRESH_S) -> None:
         self._refresh_s = refresh_s
-        self._set: CancelSet | None = None
+        self._set: Cancels | None = None
         self._ctx: WorkerContext | None = None
         #: The set's size at the last look; assumed non-empty until then.
         self._size = 1
@@ -45,7 +45,7 @@ class CancelledDrop(Middleware):
 
     async def on_start(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
-        self._set = cancel_set_for(ctx.store)
+        self._set = ctx.plane.cancels
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         await self._look()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from batchfleet.connectors import control_plane_for
+from batchfleet.connectors.broker import LaneLossDetection
 from batchfleet.workers.heartbeat import Heartbeat
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.retry import RetryPump
@@ -22,10 +22,12 @@ class HeartbeatLoop(Middleware):
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         store = ctx.store
         # Each beat also re-registers the models and records the lanes the consumer had to
-        # recreate after the broker lost its data (Redis Streams and Kafka consumers note them).
-        self._heartbeat = Heartbeat(control_plane_for(store).heartbeats, ctx.settings.worker_id,
+        # recreate after the broker lost their entries (a consumer with LaneLossDetection).
+        consumer = ctx.consumer
+        losses = consumer.lane_losses if isinstance(consumer, LaneLossDetection) else None
+        self._heartbeat = Heartbeat(ctx.plane.heartbeats, ctx.settings.worker_id,
                                     ctx.vitals, store=store, served=ctx.served,
-                                    lane_losses=getattr(ctx.consumer, "lane_losses", None))
+                                    lane_losses=losses)
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._heartbeat.run()] if self._heartbeat is not None else []
@@ -48,5 +50,5 @@ class RetryPumpLoop(Middleware):
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         assert self._ctx is not None
         w = self._ctx
-        pump = RetryPump(control_plane_for(w.store).retry_schedule, w.publisher)
+        pump = RetryPump(w.plane.retry_schedule, w.publisher)
         return [pump.run(w.stopping)]

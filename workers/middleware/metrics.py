@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from batchfleet.connectors import control_plane_for
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.names import LANES
 from batchfleet.workers.completion import Completed
@@ -73,7 +72,7 @@ class Metrics(Middleware):
     async def _sample_loop(self) -> None:
         assert self._ctx is not None
         ctx, guards = self._ctx, self._guards
-        dlq = control_plane_for(ctx.store).dead_letters
+        dlq = ctx.plane.dead_letters
         while True:
             try:
                 backlog = await ctx.consumer.backlog()

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import structlog
 
-from batchfleet.connectors import control_plane_for
 from batchfleet.connectors.control_plane import ResultCache
-from batchfleet.connectors.result_cache import SCOPE_OWNER, CacheEntry, cache_key
+from batchfleet.connectors.result_cache import SCOPE_OWNER, cache_key
+from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.completion import answers_from_run
@@ -104,7 +104,7 @@ class CachedResults(Middleware):
     async def on_start(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
         if self._cache is None:
-            self._cache = control_plane_for(ctx.store).result_cache
+            self._cache = ctx.plane.result_cache
 
     # --- before compute: hits out, twins out ---------------------------------------------
 

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.model_registry import model_registry_for
-from batchfleet.connectors.rollout_stats import RoleStats, rollout_stats_for
+from batchfleet.connectors.rollout_stats import RoleStats
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import RolloutPolicy
 from batchfleet.workers.metrics import WorkerMetrics
@@ -84,7 +83,7 @@ class RolloutGuard(Middleware):
         ctx = self._ctx
         assert ctx is not None
         await self._policies.refresh(ctx)
-        stats = rollout_stats_for(ctx.store)
+        stats = ctx.plane.rollout_stats
         for model, policy in sorted(self._policies.policies.items()):
             if policy.canary is None:
                 continue
@@ -100,7 +99,7 @@ class RolloutGuard(Middleware):
 
     async def _roll_back(self, ctx: WorkerContext, model: str, policy: RolloutPolicy,
                          why: str) -> None:
-        done = await model_registry_for(ctx.store).rollback(
+        done = await ctx.plane.models.rollback(
             model, who="guard", why=why, if_canary=policy.canary)
         if done is None:
             return  # another worker (or an operator) changed the policy first

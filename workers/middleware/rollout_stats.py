@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.model_registry import model_registry_for
-from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta, rollout_stats_for
+from batchfleet.connectors.control_plane import RolloutStats
+from batchfleet.connectors.rollout_stats import VersionDelta
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import DEFAULT_LABEL, RolloutPolicy
 from batchfleet.workers.metrics import WorkerMetrics
@@ -97,7 +97,7 @@ class PolicyCache:
             if self._routing is not None:
                 await self._routing.refresh()
             else:
-                self._polled = await model_registry_for(ctx.store).policies(
+                self._polled = await ctx.plane.models.policies(
                     sorted(worker_versions(ctx)))
         except BatchfleetError as exc:
             log.info("rollout policies not re-read", error=str(exc))
@@ -112,7 +112,7 @@ class VersionStats(Middleware):
         self.policies = policies
         self._every_s = every_s
         self._ctx: WorkerContext | None = None
-        self._stats: RedisRolloutStats | None = None
+        self._stats: RolloutStats | None = None
         #: model -> (epoch, {(label, role): delta}) since the last flush.
         self._deltas: dict[str, tuple[int, dict[tuple[str, str], VersionDelta]]] = {}
         #: Deltas of an older epoch, or whose flush failed, waiting for the next flush.
@@ -120,7 +120,7 @@ class VersionStats(Middleware):
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
-        self._stats = rollout_stats_for(ctx.store)
+        self._stats = ctx.plane.rollout_stats
         await self.policies.refresh(ctx, force=True)
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:

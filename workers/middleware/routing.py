@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from batchfleet.connectors.broker import OutboundMessage
-from batchfleet.connectors.routes import RoutePlane, RouteTable, route_plane_for
+from batchfleet.connectors.control_plane import Routes
+from batchfleet.connectors.routes import RouteTable
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import RolloutPolicy
@@ -70,10 +71,10 @@ def unknown_version(model: str, label: str, versions: Sequence[str]) -> ErrorInf
 class Routing(Middleware):
     """Sets ``job.version`` after decode; republishes what another pool must compute."""
 
-    def __init__(self, poll_s: float = POLL_S, record_ttl_s: int = 86_400) -> None:
-        self._poll_s, self._ttl_s = poll_s, record_ttl_s
+    def __init__(self, poll_s: float = POLL_S) -> None:
+        self._poll_s = poll_s
         self._ctx: WorkerContext | None = None
-        self._plane: RoutePlane | None = None
+        self._plane: Routes | None = None
         self.tables: dict[str, RouteTable] = {}
         #: Per model: the policy epoch applied, and when (the heartbeat reports both).
         self.epochs: dict[str, int] = {}
@@ -81,7 +82,7 @@ class Routing(Middleware):
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
-        self._plane = route_plane_for(ctx.store, self._ttl_s)
+        self._plane = ctx.plane.routes
         await self.refresh()
 
     async def refresh(self) -> None:

@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.connectors.control_plane import RolloutStats
 from batchfleet.connectors.rollout_stats import (
     ComparisonDelta,
-    RedisRolloutStats,
     compare_outputs,
-    rollout_stats_for,
 )
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.tensors import Tensors
@@ -107,7 +106,7 @@ class Shadow(Middleware):
         self._versions = versions
         self._every_s = every_s
         self._ctx: WorkerContext | None = None
-        self._stats: RedisRolloutStats | None = None
+        self._stats: RolloutStats | None = None
         self._waiting: dict[str, Copy] = {}  # request ID -> its batch's copy
         self._running: asyncio.Task[None] | None = None
         #: model -> (epoch, comparisons since the last flush); older epochs wait in _old.
@@ -116,7 +115,7 @@ class Shadow(Middleware):
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
-        self._stats = rollout_stats_for(ctx.store)
+        self._stats = ctx.plane.rollout_stats
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
