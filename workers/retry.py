@@ -189,5 +189,6 @@ def default_policy(settings: WorkerSettings, plane: ControlPlane) -> RetryingFai
     """The failure policy the settings describe: retries with backoff, then the DLQ."""
     s = settings
     default = RetryConfig(s.max_attempts, s.retry_base_s, s.retry_cap_s)
-    per_model = {m: RetryConfig.parse(spec, default) for m, spec in s.retry_overrides}
+    # the settings resolve each model's spec (``retry_for``): the text is read in one place
+    per_model = {m: s.retry_for(m) for m, _ in s.retry_overrides}
     return RetryingFailurePolicy(plane.retry_schedule, plane.dead_letters, default, per_model)
