@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import sys
@@ -24,7 +25,9 @@ from batchfleet.output import (
     output_format,
     render,
 )
-from batchfleet.schemas.settings import DEFAULT_NAMESPACE
+from batchfleet.producers.bulk.settings import BulkRunSettings
+from batchfleet.schemas.settings import DEFAULT_NAMESPACE, SettingOption, build, setting_options
+from batchfleet.settings_options import command_function, config_lines, parse_given, source_of
 
 if TYPE_CHECKING:
     from batchfleet.connectors.control_plane import BulkJobStore
@@ -67,8 +70,7 @@ def _jobs_call(broker: str, results: str | None, namespace: str,
     return asyncio.run(go())
 
 
-@bulk_app.command()
-def run(
+def _run_args(
     model: Annotated[str, typer.Option("--model", "-m", help="Model name, as workers serve it.")],
     input: Annotated[str, typer.Option(
         "--input", "-i", help=".jsonl, .parquet or .npy file; or a dataset of Parquet or "
@@ -78,62 +80,9 @@ def run(
         "--out", metavar="PATH",
         help="Output file, same format family as the input; for a dataset, a directory or "
              "s3://bucket/prefix (one part per input part). Required.")] = None,
-    errors: Annotated[Path | None, typer.Option(
-        help="Failed rows (JSONL). Default: OUTPUT's stem + .JOB_ID.errors.jsonl "
-             "(a dataset: OUTPUT/_errors/PART.errors.jsonl).")] = None,
-    shard: Annotated[str | None, typer.Option(
-        help="Dataset: run only shard K of N (K/N): the parts whose index is K-1 mod N. "
-             "Each shard resumes on its own; `bulk status JOB` adds them up.")] = None,
-    s3_endpoint: Annotated[str | None, typer.Option(
-        help="S3-compatible endpoint, http(s)://host:port. Default: AWS_ENDPOINT_URL_S3 or "
-             "AWS_ENDPOINT_URL; credentials and region from the usual AWS_* variables.")
-    ] = None,
-    staging_dir: Annotated[Path | None, typer.Option(
-        envvar="BATCHFLEET_BULK_STAGING_DIR",
-        help="Dataset: where parts are written before they are published. Default: under "
-             "the output directory, or the temp directory for S3 outputs.")] = None,
-    job_id: Annotated[str | None, typer.Option(
-        envvar="BATCHFLEET_BULK_JOB_ID",
-        help="Run again with the same ID to resume. Default: a new ID (printed).")] = None,
     results: ResultsOpt = None,
     old_output: Annotated[str | None, typer.Option(
         "--output", "-o", hidden=True, help="Deprecated spelling of --out.")] = None,
-    retry_failed: Annotated[bool, typer.Option(
-        help="Run only the failed rows of a finished job again.")] = False,
-    restart: Annotated[bool, typer.Option(
-        help="Score an existing job from scratch: every row again, its files rewritten.")
-    ] = False,
-    max_failure_rate: Annotated[float, typer.Option(
-        help="Exit 1 when more than this fraction of rows failed.")] = 0.0,
-    window: Annotated[int, typer.Option(
-        envvar="BATCHFLEET_BULK_WINDOW", help="Rows in flight at most (backpressure).")] = 4096,
-    dtype: Annotated[str, typer.Option(
-        help="auto (floats as float32) or a dtype to cast inputs to.")] = "auto",
-    input_column: Annotated[str | None, typer.Option(
-        help="Parquet: the list column holding each row's tensor (default: 'inputs').")] = None,
-    feature_columns: Annotated[str | None, typer.Option(
-        help="Parquet: comma-separated numeric columns stacked into the row vector.")] = None,
-    id_column: Annotated[str, typer.Option(
-        help="Field or column with the row's own ID, copied to the output.")] = "custom_id",
-    max_line_bytes: Annotated[int, typer.Option(
-        help="JSONL: a longer line is skipped unread and fails as invalid_row.")
-    ] = 16 * 1024 * 1024,
-    version: Annotated[str | None, typer.Option(
-        help="Pin every row to this version label (evaluations); default: the rollout policy.")
-    ] = None,
-    early_stop_rows: Annotated[int, typer.Option(
-        help="Stop when this many first rows all fail the same way, or more than "
-             "--early-stop-rate of them fail (0: never).")] = 100,
-    early_stop_rate: Annotated[float, typer.Option(
-        help="Stop when more than this fraction of the first --early-stop-rows rows "
-             "failed (1: off).")] = 0.5,
-    progress: Annotated[str, typer.Option(
-        help="auto (a bar on a TTY, else log lines), bar, log or none.")] = "auto",
-    stall_s: Annotated[float, typer.Option(
-        help="Publish rows again when they have no result for this long.")] = 600.0,
-    part_rows: Annotated[int, typer.Option(
-        help="Parquet: rows per durable checkpoint file while writing (the resume "
-             "granularity; not a dataset's parts).")] = 65_536,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     log_format: Annotated[str, typer.Option(envvar="BATCHFLEET_LOG_FORMAT",
                                             help="auto, json or console.")] = "auto",
@@ -170,6 +119,13 @@ def run(
 
         batchfleet bulk run -m demo-mlp -i 'parts/*.jsonl' --out scored/ --job-id n1
     """
+
+
+#: ``bulk run``'s plain-value options, generated from their declarations.
+RUN_OPTIONS: tuple[SettingOption, ...] = setting_options(BulkRunSettings)
+
+
+def _run(ctx: typer.Context, values: dict[str, Any]) -> None:
     from batchfleet.producers.bulk import (
         BarProgress,
         BulkError,
@@ -191,32 +147,35 @@ def run(
     from batchfleet.producers.bulk.stopping import Stopped, run_stoppable
     from batchfleet.schemas.errors import BatchfleetError, ConfigError
 
-    output = renamed("--out", out, "--output/-o", old_output)
+    s = _run_settings(ctx, values)
+    output = renamed("--out", values["out"], "--output/-o", values["old_output"])
     if output is None:
         raise fail("--out PATH is required (where the scored rows go)")
-    _configure_logging(log_format, log_level)
-    job_id = job_id or new_job_id()
-    features = tuple(c.strip() for c in (feature_columns or "").split(",") if c.strip())
+    _configure_logging(values["log_format"], values["log_level"])
+    job_id = s.job_id or new_job_id()
+    features = tuple(c.strip() for c in (s.feature_columns or "").split(",") if c.strip())
     reporters: dict[str, Callable[[], ProgressReporter]] = {
         "bar": BarProgress, "log": LogProgress, "none": NoProgress}
+    progress = s.progress
     if progress == "auto":
         progress = "bar" if sys.stderr.isatty() else "log"
     if progress not in reporters:
         raise fail(f"--progress must be auto, bar, log or none, not {progress!r}")
-    endpoints = Endpoints(broker, results, namespace)
+    endpoints = Endpoints(values["broker"], values["results"], values["namespace"])
     try:
-        tuning = Tuning(window=window, stall_s=stall_s, part_rows=part_rows,
-                        early_stop_rows=early_stop_rows,
-                        early_stop_rate=early_stop_rate).validated()
-        if restart and retry_failed:
+        tuning = Tuning(window=s.window, stall_s=s.stall_s, part_rows=s.part_rows,
+                        early_stop_rows=s.early_stop_rows,
+                        early_stop_rate=s.early_stop_rate).validated()
+        if s.restart and s.retry_failed:
             raise ConfigError("--restart and --retry-failed cannot be combined")
         options: dict[str, Any] = {
-            "dtype": dtype, "input_column": input_column, "feature_columns": features,
-            "id_column": id_column, "max_line_bytes": max_line_bytes, "version": version}
+            "dtype": s.dtype, "input_column": s.input_column, "feature_columns": features,
+            "id_column": s.id_column, "max_line_bytes": s.max_line_bytes, "version": s.version}
         _ = endpoints.results_url  # a malformed --broker/--results: one line, exit 2
-        main = _job_main(job_id, model, input, output, errors, shard, s3_endpoint,
-                         staging_dir, options, endpoints, tuning, reporters[progress](),
-                         retry_failed, restart)
+        main = _job_main(job_id, values["model"], values["input"], output, _path(s.errors),
+                         s.shard, s.s3_endpoint,
+                         _path(s.staging_dir), options, endpoints, tuning, reporters[progress](),
+                         s.retry_failed, s.restart)
     except (ConfigError, InputFormatError) as exc:
         raise fail(str(exc)) from exc
     typer.secho(f"bulk job {job_id}", err=True)
@@ -239,11 +198,39 @@ def run(
     except (BulkError, BatchfleetError, OSError) as exc:
         raise fail(f"{str(exc) or describe(exc)} (progress is saved: resume with --job-id "
                    f"{job_id})", 1) from exc
-    if as_json:
+    if values["as_json"]:
         typer.echo(json.dumps(report.to_dict()))
     else:
-        Console().print(summary_table(report, max_failure_rate))
-    raise typer.Exit(exit_code(report, max_failure_rate))
+        Console().print(summary_table(report, s.max_failure_rate))
+    raise typer.Exit(exit_code(report, s.max_failure_rate))
+
+
+bulk_app.command("run")(command_function(
+    RUN_OPTIONS, _run, "run", _run_args.__doc__,
+    extra=inspect.signature(_run_args, eval_str=True).parameters.values()))
+
+
+def _run_settings(ctx: typer.Context, values: dict[str, Any]) -> BulkRunSettings:
+    """The declared options that were given, over their defaults; ``--print-config``
+    prints them, saying where each came from, and exits."""
+    from batchfleet.schemas.errors import ConfigError
+
+    try:
+        settings: BulkRunSettings = build(BulkRunSettings, parse_given(RUN_OPTIONS, values))
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    if values.get("print_config"):
+        def value_of(option: SettingOption) -> Any:
+            return option.get(settings)
+
+        for line in config_lines(RUN_OPTIONS, value_of, source_of(ctx)):
+            typer.echo(line)
+        raise typer.Exit(0)
+    return settings
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
 
 
 def _job_main(job_id: str, model: str, input: str, output: str, errors: Path | None,

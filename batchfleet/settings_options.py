@@ -49,7 +49,9 @@ def _panel(option: SettingOption) -> str | None:
     return option.opt.panel or None
 
 
-def _envvar(option: SettingOption) -> str | list[str]:
+def _envvar(option: SettingOption) -> str | list[str] | None:
+    if option.opt.no_env:
+        return None
     return list(option.envs) if option.opt.also_env else option.env
 
 
@@ -59,8 +61,9 @@ def typer_option(option: SettingOption) -> Any:
     if option.opt.short:
         decls.append(option.opt.short)
     info = typer.Option(
-        *decls, envvar=_envvar(option), show_envvar=True, help=help_text(option),
-        show_default=option.show_default() or False, rich_help_panel=_panel(option),
+        *decls, envvar=_envvar(option), show_envvar=not option.opt.no_env,
+        help=help_text(option), show_default=option.show_default() or False,
+        rich_help_panel=_panel(option),
         metavar=None if option.is_flag else _metavar(option))
     kind: Any = bool if option.is_flag else list[str] if option.repeatable else str
     return Annotated[kind | None, info]
@@ -77,10 +80,14 @@ def shared_info(declared: Opt, **extra: Any) -> Any:
 
 def command_function(options: Iterable[SettingOption],
                      run: Callable[[typer.Context, dict[str, Any]], None],
-                     name: str, doc: str | None) -> Callable[..., None]:
+                     name: str, doc: str | None,
+                     extra: Iterable[inspect.Parameter] = ()) -> Callable[..., None]:
     """A function whose signature typer turns into one option per declaration, plus
-    ``--print-config``; ``run(ctx, values)`` gets the raw values (None: not given)."""
+    ``--print-config``; ``run(ctx, values)`` gets the raw values (None: not given).
+    ``extra``: hand-written parameters (resolved annotations) listed before them, whose
+    values arrive in ``values`` too (``bulk run``'s model, input and connection)."""
     params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+    params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in extra]
     for option in options:
         params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
                                         default=None, annotation=typer_option(option)))

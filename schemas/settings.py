@@ -66,6 +66,8 @@ class Opt:
     panel: str = ""
     #: Set by code from other options (the gateway's key ring), never a flag of its own.
     internal: bool = False
+    #: A flag only, read from no variable (``bulk run``'s per-job values).
+    no_env: bool = False
 
 
 def opt(help: str, **options: Any) -> dict[str, Opt]:
@@ -165,8 +167,8 @@ class SettingOption:
 
     @property
     def envs(self) -> tuple[str, ...]:
-        """Every variable read, first one first."""
-        return (self.env, *self.opt.also_env)
+        """Every variable read, first one first (none for a ``no_env`` flag)."""
+        return () if self.opt.no_env else (self.env, *self.opt.also_env)
 
     @property
     def required(self) -> bool:

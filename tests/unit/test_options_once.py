@@ -242,3 +242,69 @@ def test_webhook_delivery_settings_are_declared_once() -> None:
     assert config.policy.hosts == ("hooks.example.com",)
     with pytest.raises(ConfigError, match=WEBHOOK_SECRET.env):
         DeliveryConfig.from_env({})
+
+
+# --- bulk run's generated options --------------------------------------------------------
+
+#: ``bulk run``'s declared options before they were generated: flag's name -> (variable or
+#: None, default as --help showed it). They must not change.
+BULK_RUN = {
+    "errors": (None, "none"), "shard": (None, "none"), "s3_endpoint": (None, "none"),
+    "staging_dir": ("BATCHFLEET_BULK_STAGING_DIR", "none"),
+    "job_id": ("BATCHFLEET_BULK_JOB_ID", "none"), "retry_failed": (None, "false"),
+    "restart": (None, "false"), "max_failure_rate": (None, "0.0"),
+    "window": ("BATCHFLEET_BULK_WINDOW", "4096"), "dtype": (None, "auto"),
+    "input_column": (None, "none"), "feature_columns": (None, "none"),
+    "id_column": (None, "custom_id"), "max_line_bytes": (None, str(16 * 1024 * 1024)),
+    "version": (None, "none"), "early_stop_rows": (None, "100"),
+    "early_stop_rate": (None, "0.5"), "progress": (None, "auto"), "stall_s": (None, "600.0"),
+    "part_rows": (None, "65536"),
+}
+#: Hand-written in the command: required values, the deprecated alias, connection, logging.
+BULK_HANDWRITTEN = {"model", "input", "broker", "out", "results", "old_output", "namespace",
+                    "log_format", "log_level", "as_json", "print_config"}
+
+
+def _bulk_run() -> Any:
+    bulk = typer.main.get_command(app).commands["bulk"]  # type: ignore[attr-defined]
+    return bulk.commands["run"]
+
+
+def test_bulk_run_options_are_generated_with_their_old_names_and_defaults() -> None:
+    from batchfleet.cli_bulk import RUN_OPTIONS
+
+    params = {p.name: p for p in _bulk_run().params}
+    options = {o.name: o for o in RUN_OPTIONS}
+    assert set(options) == set(BULK_RUN)
+    assert set(params) == set(BULK_RUN) | BULK_HANDWRITTEN
+    for name, (env, shown) in BULK_RUN.items():
+        option, param = options[name], params[name]
+        flag = "--" + name.replace("_", "-")
+        assert option.flag == flag and flag in param.opts, name
+        assert param.envvar == env and param.default is None, name
+        assert option.envs == (() if env is None else (env,)), name
+        assert option.show_default() == shown, name
+    assert params["retry_failed"].secondary_opts == ["--no-retry-failed"]
+    assert set(params["old_output"].opts) == {"--output", "-o"} and params["old_output"].hidden
+
+
+def _bulk_config(*args: str, env: dict[str, str] | None = None) -> Any:
+    clean: dict[str, str | None] = {e: None for e, _ in BULK_RUN.values() if e}
+    return CliRunner().invoke(app, ["bulk", "run", "-m", "m", "-i", "in.jsonl", "--broker",
+                                    "redis://h:1/0", *args, "--print-config"],
+                              env=clean | (env or {}))
+
+
+def test_bulk_run_print_config_and_bad_values() -> None:
+    done = _bulk_config("--window", "8", "--retry-failed",
+                        env={"BATCHFLEET_BULK_JOB_ID": "nightly", "BATCHFLEET_BULK_WINDOW": "9"})
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    assert "window = 8  # flag --window" in lines  # the flag beats the variable
+    assert "job_id = nightly  # env BATCHFLEET_BULK_JOB_ID" in lines
+    assert "retry_failed = true  # flag --retry-failed" in lines
+    assert "stall_s = 600.0  # default" in lines
+    assert [line.split(" = ", 1)[0] for line in lines] == list(BULK_RUN)
+    bad = _bulk_config("--window", "lots")
+    assert bad.exit_code == 2 and "--window 'lots'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
