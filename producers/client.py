@@ -35,15 +35,14 @@ from batchfleet.connectors.ssrf import CallbackPolicy
 from batchfleet.connectors.tracing import format_traceparent
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.connectors.values import (
-    DEFAULT_POOL_TIMEOUT_S,
-    DEFAULT_TTL_S,
     Ownership,
     StorePressure,
 )
 from batchfleet.producers.admission import Admission, AdmissionLimits
+from batchfleet.producers.client_settings import CLIENT_DEFAULTS
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
-from batchfleet.producers.waiting import LOSS_GRACE_S, ResultWaiter
+from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result
 from batchfleet.schemas.errors import (
     BatchfleetError,
@@ -111,7 +110,8 @@ class AsyncClient:
     trusted before it is read again; ``loss_grace_s`` the default of :meth:`wait`'s.
     The result store's pool holds ``redis_max_connections`` (default 100) and a call
     past them waits up to ``redis_pool_timeout_s`` for one to come free, so any number
-    of concurrent submits queue rather than fail (``connectors.redis_client``).
+    of concurrent submits queue rather than fail (``connectors.redis_client``). Each
+    keyword is declared once, with its default, in ``producers/client_settings.py``.
     """
 
     def __init__(
@@ -119,17 +119,17 @@ class AsyncClient:
         broker: str,
         results: str | None = None,
         *,
-        namespace: str = "bf",
-        result_ttl_s: int = DEFAULT_TTL_S,
-        kafka_partitions: int = 4,
-        poll_interval_s: float = 1.0,
-        check_model: bool = True,
+        namespace: str = CLIENT_DEFAULTS.namespace,
+        result_ttl_s: int = CLIENT_DEFAULTS.result_ttl_s,
+        kafka_partitions: int = CLIENT_DEFAULTS.kafka_partitions,
+        poll_interval_s: float = CLIENT_DEFAULTS.poll_interval_s,
+        check_model: bool = CLIENT_DEFAULTS.check_model,
         callback_policy: CallbackPolicy | None = None,
-        redis_max_connections: int | None = None,
-        redis_pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
+        redis_max_connections: int | None = CLIENT_DEFAULTS.redis_max_connections,
+        redis_pool_timeout_s: float = CLIENT_DEFAULTS.redis_pool_timeout_s,
         admission: AdmissionLimits | None = None,
-        model_list_ttl_s: float = 5.0,
-        loss_grace_s: float = LOSS_GRACE_S,
+        model_list_ttl_s: float = CLIENT_DEFAULTS.model_list_ttl_s,
+        loss_grace_s: float = CLIENT_DEFAULTS.loss_grace_s,
     ) -> None:
         parsed = BrokerURL.parse(broker)
         self.names = Names(namespace)

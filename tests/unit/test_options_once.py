@@ -308,3 +308,40 @@ def test_bulk_run_print_config_and_bad_values() -> None:
     bad = _bulk_config("--window", "lots")
     assert bad.exit_code == 2 and "--window 'lots'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+# --- the SDK client's keywords ---------------------------------------------------------
+
+
+def test_client_keywords_are_the_declared_client_settings() -> None:
+    """``AsyncClient``'s keywords are exactly ``ClientSettings``'s fields, with its
+    defaults, so the declaration documents every keyword and nothing else."""
+    import inspect
+    from dataclasses import fields
+
+    from batchfleet.producers import AsyncClient
+    from batchfleet.producers.client_settings import CLIENT_DEFAULTS, ClientSettings
+
+    keywords = {name: p.default for name, p in
+                inspect.signature(AsyncClient.__init__).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keywords == {f.name: getattr(CLIENT_DEFAULTS, f.name) for f in fields(ClientSettings)}
+    #: The defaults before they were declared: they must not change.
+    assert (CLIENT_DEFAULTS.namespace, CLIENT_DEFAULTS.kafka_partitions,
+            CLIENT_DEFAULTS.poll_interval_s, CLIENT_DEFAULTS.check_model,
+            CLIENT_DEFAULTS.redis_max_connections, CLIENT_DEFAULTS.model_list_ttl_s) == (
+                "bf", 4, 1.0, True, None, 5.0)
+    options = {o.name: o for o in setting_options(ClientSettings)}
+    assert options["namespace"].opt == NAMESPACE  # the one shared declaration
+    assert "callback_policy" not in options and "admission" not in options  # objects
+
+
+def test_request_commands_namespace_is_the_clients_declaration() -> None:
+    from batchfleet.producers.client_settings import ClientSettings
+
+    namespace = {o.name: o for o in setting_options(ClientSettings)}["namespace"]
+    commands = dict(_commands(typer.main.get_command(app)))
+    for name in ("submit", "result", "cancel"):
+        params = {p.name: p for p in commands[name].params}
+        assert params["namespace"].envvar == namespace.env, name
+        assert params["namespace"].default == namespace.default, name
