@@ -21,9 +21,7 @@ from batchfleet.connectors.rollout_stats import (
     VersionStats,
     decode_version_stats,
 )
-from batchfleet.connectors.routes import RouteTable
-from batchfleet.schemas.errors import ResultStoreError, ValidationError
-from batchfleet.schemas.registry import decode_record
+from batchfleet.connectors.routes import RouteTable, route_table
 
 
 class MemoryRoutes:
@@ -41,16 +39,8 @@ class MemoryRoutes:
         for model in models:
             with self._state.lock:
                 fields = dict(hashes.get(model, {}))
-            try:
-                record = decode_record(model, fields)
-            except ValidationError as exc:
-                raise ResultStoreError(f"the model registry holds a malformed record: {exc}"
-                                       ) from exc
-            if record is None:
-                continue
-            held = frozenset(label for s in record.served.values() if s.live(now)
-                             for label in s.labels)
-            out[model] = RouteTable(record.policy, frozenset(record.versions), held)
+            if (table := route_table(model, fields, now)) is not None:
+                out[model] = table
         return out
 
     async def settle(self, model: str, choices: Mapping[str, str]) -> dict[str, str]:

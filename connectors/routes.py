@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -58,16 +59,8 @@ class RoutePlane:
             rows = await pipe.execute()
         out: dict[str, RouteTable] = {}
         for model, fields in zip(models, rows, strict=True):
-            try:
-                record = decode_record(model, fields)
-            except ValidationError as exc:
-                raise ResultStoreError(f"the model registry holds a malformed record: {exc}"
-                                       ) from exc
-            if record is None:
-                continue
-            held = frozenset(label for s in record.served.values() if s.live(now)
-                             for label in s.labels)
-            out[model] = RouteTable(record.policy, frozenset(record.versions), held)
+            if (table := route_table(model, fields, now)) is not None:
+                out[model] = table
         return out
 
     async def settle(self, model: str, choices: Mapping[str, str]) -> dict[str, str]:
@@ -86,3 +79,15 @@ class RoutePlane:
                 for (rid, label), got in zip(choices.items(), recorded, strict=True)}
 
 
+def route_table(model: str, fields: Mapping[Any, Any], now: float) -> RouteTable | None:
+    """A model's routing view of its registry record's fields (None: no record), whatever
+    store read them."""
+    try:
+        record = decode_record(model, fields)
+    except ValidationError as exc:
+        raise ResultStoreError(f"the model registry holds a malformed record: {exc}") from exc
+    if record is None:
+        return None
+    held = frozenset(label for s in record.served.values() if s.live(now)
+                     for label in s.labels)
+    return RouteTable(record.policy, frozenset(record.versions), held)
