@@ -140,7 +140,7 @@ class MemoryResults:
                     out.append(-1)
                     continue
                 gen = int(rec.get("gen", 0)) + 1
-                rec.update(status="pending", gen=gen, deliveries=0, solo=0, body=body)
+                rec.update(status="pending", gen=gen, deliveries=0, solo=0, stalls=0, body=body)
                 out.append(gen)
         return out
 
