@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from batchfleet.schemas.errors import ConfigError
-from batchfleet.schemas.per_model import PerModel
+from batchfleet.schemas.per_model import PerModel, split_top_level
 from batchfleet.schemas.settings import Opt, SettingOption, format_value
 
 #: The metavars typer shows on every other command.
@@ -108,8 +108,9 @@ def command_function(options: Iterable[SettingOption],
 
 
 def _entries(raw: Any) -> tuple[str, ...]:
-    """Repeated flags, or the variable's value split on whitespace: split on commas too."""
-    return tuple(part for item in raw for part in str(item).split(","))
+    """Repeated flags, or the variable's value split on whitespace: split on commas too,
+    never inside brackets or quotes (``value:[0.5,0.5]``, ``float32[3,224,224]``)."""
+    return tuple(part for item in raw for part in split_top_level(str(item)))
 
 
 def parse_given(options: Iterable[SettingOption], values: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,9 @@ The convention, after ``--retry MODEL=...``, is the same for every per-model opt
 * ``--flag MODEL=VALUE`` or ``--flag MODEL@VERSION=VALUE`` applies to one; repeatable;
 * the most specific entry wins: ``MODEL@VERSION``, then ``MODEL``, then the bare value;
 * the environment form is the same entries, comma-separated:
-  ``BATCHFLEET_RETRY="demo-mlp=5:0.1,demo-encoder=2"``.
+  ``BATCHFLEET_RETRY="demo-mlp=5:0.1,demo-encoder=2"``;
+* a comma inside brackets, braces, parentheses or quotes never separates entries, so
+  ``value:[0.5,0.5]`` and ``float32[3,224,224]`` stay whole (:func:`split_top_level`).
 
 This module is pure: it parses those strings and resolves a model's value. Which
 models a worker serves is checked by :meth:`PerModel.check_models`, at start-up.
@@ -66,6 +68,37 @@ class PerModel(Generic[T]):
             key = model if version is None else f"{model}@{version}"
             parts.append(f"{key}={fmt(value)}")
         return ",".join(parts)
+
+
+_OPEN = {"[": "]", "{": "}", "(": ")"}
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """``text`` split on ``sep`` outside brackets, braces, parentheses and quotes.
+
+    Why: per-model values carry JSON (``value:[0.5,0.5]``) and shapes
+    (``float32[3,224,224]``), whose commas are not entry separators. An unbalanced
+    closing bracket is kept as text; an unclosed one keeps the rest in one part, so
+    the value's own parser reports it rather than a confusing half."""
+    parts: list[str] = []
+    stack: list[str] = []
+    quote = ""
+    start = 0
+    for i, char in enumerate(text):
+        if quote:
+            if char == quote and text[i - 1] != "\\":
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char in _OPEN:
+            stack.append(_OPEN[char])
+        elif stack and char == stack[-1]:
+            stack.pop()
+        elif char == sep and not stack:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def split_entry(entry: str) -> tuple[ModelKey | None, str]:

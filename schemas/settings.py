@@ -31,7 +31,7 @@ from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints, r
 
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE  # noqa: PLC0414
-from batchfleet.schemas.per_model import PerModel, parse_per_model
+from batchfleet.schemas.per_model import PerModel, parse_per_model, split_top_level
 
 #: Prefix of every environment variable.
 ENV_PREFIX = "BATCHFLEET_"
@@ -241,7 +241,7 @@ def type_parser(kind: Any) -> Callable[[str], Any]:
         return lambda raw: None if raw.lower() in ("", "none") else inner(raw)
     if get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = type_parser(args[0])
-        return lambda raw: tuple(item(v.strip()) for v in raw.split(",") if v.strip())
+        return lambda raw: tuple(item(v.strip()) for v in split_top_level(raw) if v.strip())
     raise TypeError(f"no parser for settings type {kind!r}: give opt(parse=...)")
 
 

@@ -234,3 +234,26 @@ def test_retry_keeps_its_syntax_and_meaning() -> None:
     every = settings.replace(retry=PerModel("3"))
     assert every.retry_overrides == (("demo-mlp", "3"), ("demo-encoder", "3"), ("fraud", "3"))
     assert PerModel("2", ((("a", None), "5"),)).describe() == "2,a=5"
+
+
+@pytest.mark.parametrize(("text", "parts"), [
+    ("a=1,b=2", ["a=1", "b=2"]),
+    ("m=value:[0.5,0.5],n=fail", ["m=value:[0.5,0.5]", "n=fail"]),
+    ("float32[3,224,224]", ["float32[3,224,224]"]),
+    ('value:{"a":[1,2],"b":"x,y"},cache', ['value:{"a":[1,2],"b":"x,y"}', "cache"]),
+    ("rules:m:f(1,2),x", ["rules:m:f(1,2)", "x"]),
+    ("a]b,c", ["a]b", "c"]),
+    ("value:[1,2", ["value:[1,2"]),
+])
+def test_per_model_entries_never_split_inside_brackets_or_quotes(text: str,
+                                                                 parts: list[str]) -> None:
+    from batchfleet.schemas.per_model import split_top_level
+    assert split_top_level(text) == parts
+
+
+def test_repeated_flags_and_the_variable_keep_bracketed_values_whole() -> None:
+    from batchfleet.settings_options import _entries
+    assert _entries(["m=value:[0.5,0.5],n@v2=float32[3,4]", "o=1"]) == (
+        "m=value:[0.5,0.5]", "n@v2=float32[3,4]", "o=1")
+    table = parse_per_model(_entries(["value:[1,2],m=value:[3,4]"]), str, "", "--x")
+    assert table.for_model("m") == "value:[3,4]" and table.for_model("z") == "value:[1,2]"
