@@ -26,6 +26,9 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)
 #: Weight of the newest throughput sample in the moving average behind time-to-drain.
 _EWMA_ALPHA = 0.3
+#: Per-model counters in the heartbeat's ``model_stats`` (with ``rps``); terminal statuses
+#: count first writes only, as ``batchfleet_requests`` does.
+MODEL_COUNTERS = ("batches", "rows", "succeeded", "failed", "expired", "cancelled")
 #: How many recent latencies per lane the p99 is computed over.
 _RECENT = 2048
 
@@ -155,10 +158,30 @@ class WorkerMetrics:
         self.lanes: dict[str, dict[str, float | None]] = {}
         self.throughput_rps = 0.0
         self._pauses: dict[str, int] = {}
+        #: Per model: terminal writes since the last sample, the rate's moving average,
+        #: and counters since start (the heartbeat's ``model_stats``; status reads them).
+        self._model_done: dict[str, int] = {}
+        self._model_rate: dict[str, float] = {}
+        self._model_counts: dict[str, dict[str, int]] = {}
 
     def on_batch(self, model: str, lane: str, size: int, compute_s: float) -> None:
         self.batch_size.labels(model, lane).observe(size)
         self.compute.labels(model, lane).observe(compute_s)
+        counts = self._counts(model)
+        counts["batches"] += 1
+        counts["rows"] += size
+
+    def _counts(self, model: str) -> dict[str, int]:
+        counts = self._model_counts.get(model)
+        if counts is None:
+            counts = self._model_counts[model] = dict.fromkeys(MODEL_COUNTERS, 0)
+        return counts
+
+    def model_stats(self) -> dict[str, dict[str, float]]:
+        """Per model: its own req/s (moving average, as ``throughput_rps``) and its counters
+        since start: batches and rows computed, terminal writes by status."""
+        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts}
+                for model, counts in sorted(self._model_counts.items())}
 
     def on_lanes_paused(self, models: Iterable[str]) -> None:
         for model in models:
@@ -193,6 +216,10 @@ class WorkerMetrics:
         for status_key, n in counts.items():
             self.requests.labels(*status_key).inc(n)
             self._done_since += n
+            model, _, status = status_key
+            self._model_done[model] = self._model_done.get(model, 0) + n
+            per_model = self._counts(model)
+            per_model[status] = per_model.get(status, 0) + n
         for lane_key, values in latencies.items():
             _observe_all(self.end_to_end.labels(*lane_key), values)
             recent = self._recent.get(lane_key)
@@ -214,9 +241,12 @@ class WorkerMetrics:
         now = time.monotonic()
         elapsed = max(1e-6, now - self._last_sample)
         rate = self._done_since / elapsed
-        self._rate = rate if self._rate == 0 else (
-            _EWMA_ALPHA * rate + (1 - _EWMA_ALPHA) * self._rate)
+        self._rate = _ewma(self._rate, rate)
         self._done_since, self._last_sample = 0, now
+        for model in {*self._model_done, *self._model_rate}:
+            self._model_rate[model] = _ewma(self._model_rate.get(model, 0.0),
+                                            self._model_done.get(model, 0) / elapsed)
+        self._model_done = {}
         for lane in backlog:
             self.backlog.labels(lane.model, lane.lane).set(lane.depth)
             if lane.oldest_age_s is not None:
@@ -244,6 +274,11 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _ewma(average: float, sample: float) -> float:
+    """The moving average behind the rates; the first sample is taken whole."""
+    return sample if average == 0 else _EWMA_ALPHA * sample + (1 - _EWMA_ALPHA) * average
 
 
 def _observe_all(child: Histogram, values: list[float]) -> None:

@@ -63,6 +63,7 @@ class Metrics(Middleware):
     def vitals(self) -> dict[str, Any]:
         return {"lane_pauses": self.metrics.lane_pause_counts(),
                 "throughput_rps": round(self.metrics.throughput_rps, 1),
+                "model_stats": self.metrics.model_stats(),
                 "lanes": self.metrics.lanes,
                 "runtimes": runtime_info(self._ctx.handlers) if self._ctx else {}}
 
