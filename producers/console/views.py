@@ -106,12 +106,13 @@ class History:
         self._samples: deque[tuple[float, dict[str, dict[str, float | None]]]] = deque(
             maxlen=max(2, int(span_s / every_s)))
         self._last_counts: dict[str, tuple[float, float]] = {}
+        #: The newest figures, shown after the kept samples until the next one is kept.
+        self._live: tuple[float, dict[str, dict[str, float | None]]] | None = None
 
     def add(self, now: float, models: Sequence[Mapping[str, Any]],
             counts: Mapping[str, tuple[float, float]]) -> None:
         """``counts``: per model, (terminal writes, failed) summed over the live workers."""
-        if self._samples and now - self._samples[-1][0] < self.every_s:
-            return
+        keep = not self._samples or now - self._samples[-1][0] >= self.every_s
         sample: dict[str, dict[str, float | None]] = {}
         for row in models:
             model = row["model"]
@@ -122,12 +123,19 @@ class History:
                 share = round((failed - before[1]) / (done - before[0]), 4)
             sample[model] = {"rps": row["rps"], "depth": row["depth"],
                              "p99_ms": row["p99_ms"], "error_rate": share}
-            self._last_counts[model] = (done, failed)
-        self._samples.append((now, sample))
+            if keep:
+                self._last_counts[model] = (done, failed)
+        if keep:
+            self._samples.append((now, sample))
+            self._live = None
+        else:
+            self._live = (now, sample)
 
     def series(self) -> dict[str, Any]:
-        """``{"t": [...], "models": {model: {figure: [...]}}}``, aligned on ``t``."""
-        models = sorted({m for _, sample in self._samples for m in sample})
-        return {"t": [t for t, _ in self._samples],
-                "models": {m: {f: [s.get(m, {}).get(f) for _, s in self._samples]
+        """``{"t": [...], "models": {model: {figure: [...]}}}``, aligned on ``t``: the kept
+        samples, then the newest figures if newer."""
+        samples = [*self._samples, *([self._live] if self._live else [])]
+        models = sorted({m for _, sample in samples for m in sample})
+        return {"t": [t for t, _ in samples],
+                "models": {m: {f: [s.get(m, {}).get(f) for _, s in samples]
                                for f in SERIES} for m in models}}

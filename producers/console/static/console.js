@@ -57,10 +57,10 @@
     let chart = sparks[key];
     const data = [t, values.map((v) => v === null ? null : Number(v))];
     if (!chart || !parent.contains(chart.root)) {
-      chart = sparks[key] = new uPlot({width: 110, height: 26, class: "spark",
+      chart = sparks[key] = new uPlot({width: 90, height: 24, class: "spark",
         cursor: {show: false}, legend: {show: false}, select: {show: false},
         scales: {x: {time: true}}, axes: [{show: false}, {show: false}],
-        series: [{}, {stroke: color, width: 1.2, fill: color + "22", spanGaps: true}]},
+        series: [{}, {stroke: color, width: 1.2, fill: color + "22", spanGaps: true, points: {show: false}}]},
         data, parent);
     } else chart.setData(data);
   }
@@ -68,7 +68,7 @@
   function renderModels(o) {
     const h = o.history || {t: [], models: {}};
     const rows = o.models.map((m) => {
-      const cell = el("td", {class: "text"});
+      const cell = el("td", {class: "text sparks"});
       const tr = el("tr", {"data-model": m.model},
         td(m.model, "text name"), td(num(m.depth), m.depth ? "warn depth" : "depth"),
         td(num(m.lag), "lag"), td(age(m.oldest_age_s), "oldest"),
