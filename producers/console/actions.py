@@ -1,6 +1,8 @@
 """The console's few writes, each the operation a CLI command already performs, recorded
 with who and when: replay a dead letter (``dlq replay``), cancel a request (``cancel``),
-roll back a rollout (``rollout rollback``, whose policy history also keeps who and why).
+roll back a rollout (``rollout rollback``, whose policy history also keeps who and why),
+pause or resume a model's lanes (``ModelRegistry.set_paused``: the registry record keeps
+who, when and why while paused; workers stop fetching, ``workers/middleware/pauses.py``).
 
 Each action is logged (``console action``, with who, what and the outcome) and kept in
 this process's list of recent actions, which the page shows.
@@ -19,11 +21,12 @@ from batchfleet.connectors.broker import Broker
 from batchfleet.connectors.control_plane import ControlPlane
 from batchfleet.connectors.dlq_ops import DeadLetterOps, Selection
 from batchfleet.schemas.errors import ValidationError
+from batchfleet.schemas.registry import Pause
 from batchfleet.schemas.validation import check_model_name
 
 log = structlog.get_logger("batchfleet.console")
 
-ACTIONS = ("replay", "cancel", "rollback")
+ACTIONS = ("replay", "cancel", "rollback", "pause", "resume")
 #: Recent actions the page lists.
 KEPT = 50
 
@@ -54,6 +57,8 @@ class Actions:
             target, outcome = await self._cancel(body)
         elif action == "rollback":
             target, outcome = await self._rollback(body, who)
+        elif action in ("pause", "resume"):
+            target, outcome = await self._pause(body, who, action == "pause")
         else:
             raise ValidationError(f"unknown action {action!r} (known: {', '.join(ACTIONS)})")
         done = Done(time.time(), who, action, target, outcome)
@@ -93,3 +98,11 @@ class Actions:
         why = str(body.get("why") or "rolled back from the console")
         policy = await self._plane.rollouts.rollback(model, who=who, why=why)
         return model, f"rolled back: stable {policy.stable}"
+
+    async def _pause(self, body: dict[str, Any], who: str, pause: bool) -> tuple[str, str]:
+        model = self._text(body, "model")
+        check_model_name(model)
+        why = str(body.get("why") or "")
+        await self._plane.models.set_paused(model, Pause(time.time(), who, why) if pause
+                                            else None)
+        return model, "lanes paused" if pause else "lanes resumed"

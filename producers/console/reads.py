@@ -79,6 +79,10 @@ class ConsoleReads:
     async def _read(self) -> dict[str, Any]:
         snap = await self._fleet.read()
         models = model_rows(snap)
+        tables = await self._plane.routes.tables([m["model"] for m in models])
+        for row in models:
+            pause = tables[row["model"]].paused if row["model"] in tables else None
+            row["paused"] = None if pause is None else pause.to_wire()
         self.history.add(snap.taken_at, models, _counts(snap))
         rollouts = [r for m in models if (r := await self._rollout(m["model"])) is not None]
         jobs = await list_jobs(self._plane.bulk_jobs, BULK_JOBS)

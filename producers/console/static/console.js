@@ -77,8 +77,14 @@
         td(pct(m.degraded_rate), m.degraded_rate ? "warn degraded" : "degraded"),
         td(pct(m.cache_hit_ratio), "cache"), breakers(m.breakers),
         td(num(m.dlq), m.dlq ? "bad dlq" : "dlq"), td(num(m.workers), m.workers ? "workers" : "bad workers"),
-        cell);
+        cell, el("td", {class: "text"}, m.paused
+          ? el("button", {class: "resume", title: `paused by ${m.paused.who} at ${when(m.paused.at)}`,
+              onclick: () => act("resume", {model: m.model}, `Resume ${m.model}'s lanes?`)}, "Resume")
+          : el("button", {class: "pause", onclick: () => act("pause", {model: m.model,
+              why: window.prompt(`Pause ${m.model}'s lanes: why?`) || ""}, `Pause ${m.model}'s lanes?`)}, "Pause")));
+      if (m.paused) tr.classList.add("paused");
       tr._spark = cell;
+      if (m.paused) tr.querySelector(".name").append(el("span", {class: "warn"}, " paused"));
       return tr;
     });
     fill($("#models tbody"), rows);
