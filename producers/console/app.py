@@ -34,6 +34,7 @@ from batchfleet.producers.console.sessions import (
 )
 from batchfleet.producers.console.settings import ConsoleSettings
 from batchfleet.producers.gateway import problems
+from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.validation import check_model_name
 
 STATIC = files("batchfleet.producers.console") / "static"
@@ -51,8 +52,13 @@ class ConsoleState:
 
 
 def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> FastAPI:
-    """``keys`` None: open to anyone who reaches it (only for a loopback bind)."""
-    settings = settings.validated()
+    """``keys`` None: open to anyone who reaches it (only for a loopback bind). Mounted in
+    another app (the gateway's ``--console``), that app's lifespan must enter this one's:
+    ``app.state.lifespan(app)``, as sub-application lifespans do not run on their own."""
+    if keys is None and not settings.loopback:
+        raise ConfigError(f"the console on {settings.host} needs API keys (--keys-file)")
+    if settings.refresh_s < 1:
+        raise ConfigError("the console's refresh must be at least 1 s")
     sessions = Sessions(keys)
     state: dict[str, ConsoleState] = {}
 
@@ -73,6 +79,7 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
 
     app = FastAPI(title="batchfleet console", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
+    app.state.lifespan = lifespan
     problems.install(app)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 

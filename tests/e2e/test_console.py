@@ -250,3 +250,21 @@ async def test_pausing_a_models_lanes_holds_its_requests_until_resumed(redis_url
             assert {r.status for r in results} == {"succeeded"}
             log = (await http.get(base + "api/overview")).json()["actions"]
             assert [a["action"] for a in log[:2]] == ["resume", "pause"]
+
+
+async def test_the_gateway_mounts_the_console_behind_its_admin_keys(redis_url: str) -> None:
+    from batchfleet.producers.gateway import GatewaySettings, KeyRing
+    from tests.support.gateway_main import live_gateway
+
+    settings = GatewaySettings(broker=redis_url, keys=KeyRing.parse(KEYS), console=True)
+    with live_gateway(settings) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            page = await http.get("/console/")
+            assert page.status_code == 200 and "static/uPlot.iife.min.js" in page.text
+            script = await http.get("/console/static/uPlot.iife.min.js")
+            assert script.status_code == 200 and len(script.content) > 10_000
+            assert (await http.get("/console/api/overview")).status_code == 401
+            assert (await http.get("/console/api/overview",
+                                   headers={"X-API-Key": "k-bill"})).status_code == 403
+            shown = await http.get("/console/api/overview", headers={"X-API-Key": "k-root"})
+            assert shown.status_code == 200 and shown.json()["namespace"] == "bf"
