@@ -90,7 +90,7 @@ class WorkerMetrics:
                                          "breaker has opened", ["model"], registry=r)
         self.lane_pauses = Counter("batchfleet_lane_pauses", "Times this worker stopped "
                                    "pulling a model's lanes (its breaker or the store's "
-                                   "opened)", ["model"], registry=r)
+                                   "opened, or an operator paused them)", ["model"], registry=r)
         self.in_flight = Gauge("batchfleet_in_flight", "Requests fetched and not yet acked",
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
