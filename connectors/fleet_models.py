@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 #: Terminal statuses a model's error rate is taken over (a cancel is no one's error).
 _DONE = ("succeeded", "failed", "expired")
+#: Per-model figures that are settings or rates, not counters to add up.
+_NOT_COUNTED = frozenset({"rps", "max_batch_size"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ def model_figures(model: str, workers: Iterable[tuple[Mapping[str, Mapping[str, 
             continue
         rate += stats.get("rps", 0.0)
         for name, value in stats.items():
-            if name != "rps":
+            if name not in _NOT_COUNTED:
                 counts[name] = counts.get(name, 0.0) + value
         if (found := degraded_count(stats)) is not None:
             degraded = (degraded or 0.0) + found

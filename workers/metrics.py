@@ -152,8 +152,11 @@ class WorkerMetrics:
         self._done_since = 0
         self._last_sample = time.monotonic()
         self._rate = 0.0
-        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat.
+        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat; and
+        #: recent queue waits (per request) and compute times (per batch), for the console.
         self._recent: dict[tuple[str, str], deque[float]] = {}
+        self._recent_queue: dict[tuple[str, str], deque[float]] = {}
+        self._recent_compute: dict[tuple[str, str], deque[float]] = {}
         #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
         self.lanes: dict[str, dict[str, float | None]] = {}
         self.throughput_rps = 0.0
@@ -170,6 +173,7 @@ class WorkerMetrics:
         counts = self._counts(model)
         counts["batches"] += 1
         counts["rows"] += size
+        _recent(self._recent_compute, (model, lane)).append(compute_s)
 
     def _counts(self, model: str) -> dict[str, int]:
         counts = self._model_counts.get(model)
@@ -222,12 +226,10 @@ class WorkerMetrics:
             per_model[status] = per_model.get(status, 0) + n
         for lane_key, values in latencies.items():
             _observe_all(self.end_to_end.labels(*lane_key), values)
-            recent = self._recent.get(lane_key)
-            if recent is None:
-                recent = self._recent[lane_key] = deque(maxlen=_RECENT)
-            recent.extend(values)
+            _recent(self._recent, lane_key).extend(values)
         for lane_key, values in queue_waits.items():
             _observe_all(self.queue_wait.labels(*lane_key), values)
+            _recent(self._recent_queue, lane_key).extend(values)
 
     def retries_and_dlq(self, done: Completed) -> None:
         for delivery in done.rescheduled:
@@ -254,11 +256,13 @@ class WorkerMetrics:
             drain = lane.depth / self._rate if self._rate > 0 else (
                 0.0 if not lane.depth else float("inf"))
             self.time_to_drain.labels(lane.model, lane.lane).set(drain)
-            recent = self._recent.get((lane.model, lane.lane))
+            key = (lane.model, lane.lane)
             self.lanes[f"{lane.model}/{lane.lane}"] = {
                 "backlog": lane.depth, "oldest_age_s": lane.oldest_age_s,
                 "time_to_drain_s": drain if drain != float("inf") else None,
-                "p99_ms": float(np.percentile(recent, 99)) * 1000.0 if recent else None,
+                **_percentiles("", self._recent.get(key), (50, 95, 99)),
+                **_percentiles("queue_", self._recent_queue.get(key), (50, 99)),
+                **_percentiles("compute_", self._recent_compute.get(key), (50, 99)),
             }
         self.throughput_rps = self._rate
         for model, size in dlq_sizes.items():
@@ -274,6 +278,23 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _recent(recent: dict[tuple[str, str], deque[float]], key: tuple[str, str]
+            ) -> deque[float]:
+    found = recent.get(key)
+    if found is None:
+        found = recent[key] = deque(maxlen=_RECENT)
+    return found
+
+
+def _percentiles(prefix: str, values: deque[float] | None, which: tuple[int, ...]
+                 ) -> dict[str, float | None]:
+    """``{prefix}p50_ms`` ...: percentiles of recent seconds, in ms (None: none yet)."""
+    if not values:
+        return {f"{prefix}p{q}_ms": None for q in which}
+    found = np.percentile(values, which) * 1000.0
+    return {f"{prefix}p{q}_ms": float(v) for q, v in zip(which, found, strict=True)}
 
 
 def _ewma(average: float, sample: float) -> float:

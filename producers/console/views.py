@@ -12,12 +12,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from batchfleet.connectors.fleet import FleetSnapshot
+from batchfleet.connectors.fleet import FleetSnapshot, WorkerView
 from batchfleet.connectors.values import DeadLetter
 from batchfleet.schemas.heartbeat import LIVE_WITHIN_S
 
 #: Sparkline figures, per model.
 SERIES = ("rps", "depth", "p99_ms", "error_rate")
+#: Latency figures each worker reports per lane (ms): end to end, queue wait, compute.
+LATENCIES = ("p50_ms", "p95_ms", "p99_ms", "queue_p50_ms", "queue_p99_ms",
+             "compute_p50_ms", "compute_p99_ms")
 
 
 def _iso(ts: float | None) -> str | None:
@@ -44,6 +47,12 @@ def model_rows(snap: FleetSnapshot) -> list[dict[str, Any]]:
         row["lanes"][lane.lane] = {"depth": lane.depth, "lag": lane.lag,
                                    "oldest_age_s": lane.oldest_age_s, "p99_ms": lane.p99_ms}
     for row in rows.values():
+        serving = [w for w in snap.workers if row["model"] in w.models]
+        row["latency_ms"] = _latencies(row["model"], serving)
+        caps = [s["max_batch_size"] for w in serving
+                if (s := w.model_stats.get(row["model"])) and s.get("max_batch_size")]
+        mean = row["mean_batch_size"]
+        row["batch_fill"] = round(mean / max(caps), 4) if caps and mean else None
         hits = looked = 0
         for w in snap.workers:
             if row["model"] in w.models and len(w.models) == 1:
@@ -53,6 +62,18 @@ def model_rows(snap: FleetSnapshot) -> list[dict[str, Any]]:
                     c.get("cache_misses", 0)
         row["cache_hit_ratio"] = round(hits / looked, 4) if looked else None
     return [rows[m] for m in sorted(rows)]
+
+
+def _latencies(model: str, workers: Sequence[WorkerView]) -> dict[str, float | None]:
+    """Each latency figure, the worst any worker reports on any lane of the model
+    (percentiles do not add up; the worst is the one to look at)."""
+    out: dict[str, float | None] = dict.fromkeys(LATENCIES)
+    for w in workers:
+        for key, figures in w.lanes.items():
+            if key.partition("/")[0] == model:
+                for name in LATENCIES:
+                    out[name] = _worst(out[name], figures.get(name))
+    return {k: None if v is None else round(v, 2) for k, v in out.items()}
 
 
 def _worst(a: float | None, b: float | None) -> float | None:

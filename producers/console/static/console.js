@@ -65,6 +65,15 @@
     } else chart.setData(data);
   }
 
+  function latency(l) {
+    // end to end p50 / p95 / p99, then queue wait and compute (p50 / p99) apart
+    const ms = (a, b, c) => [a, b, c].filter((v) => v !== undefined).map((v) => num(v, 1)).join(" / ");
+    return el("td", {class: "latency", title: `queue wait p50/p99 ${ms(l.queue_p50_ms, l.queue_p99_ms)} ms · ` +
+      `compute p50/p99 ${ms(l.compute_p50_ms, l.compute_p99_ms)} ms`},
+      ms(l.p50_ms, l.p95_ms, l.p99_ms), el("br"),
+      el("span", {class: "muted"}, `queue ${ms(l.queue_p99_ms)} · compute ${ms(l.compute_p99_ms)}`));
+  }
+
   function renderModels(o) {
     const h = o.history || {t: [], models: {}};
     const rows = o.models.map((m) => {
@@ -73,7 +82,7 @@
         td(m.model, "text name"), td(num(m.depth), m.depth ? "warn depth" : "depth"),
         td(num(m.lag), "lag"), td(age(m.oldest_age_s), "oldest"),
         td(num(m.rps, 1), "rps"), td(num(m.mean_batch_size, 1), "batch"),
-        td(num(m.p99_ms, 1), "p99"), td(pct(m.error_rate), m.error_rate ? "bad errors" : "errors"),
+        td(pct(m.batch_fill), "fill"), latency(m.latency_ms || {}), td(pct(m.error_rate), m.error_rate ? "bad errors" : "errors"),
         td(pct(m.degraded_rate), m.degraded_rate ? "warn degraded" : "degraded"),
         td(pct(m.cache_hit_ratio), "cache"), breakers(m.breakers),
         td(num(m.dlq), m.dlq ? "bad dlq" : "dlq"), td(num(m.workers), m.workers ? "workers" : "bad workers"),
@@ -114,9 +123,10 @@
       const p = r.policy || {};
       const split = p.canary ? `${p.stable} ${100 - p.percent}% · ${p.canary} ${p.percent}%` : `${p.stable} 100%`;
       const versions = Object.entries(r.versions || {}).map(([label, v]) => {
-        const s = v.stats || {};
+        const roles = (v.stats || {}).roles || {};
+        const s = roles[v.role] || Object.values(roles)[0] || {};
         return el("tr", {}, td(label, "text"), td(v.role || "–", "text"), td((v.workers || []).length),
-          td(num(s.requests)), td(pct(s.error_rate)), td(num(s.p99_ms, 1)));
+          td(num(s.requests)), td(pct(s.error_rate)), td(num(s.p99_compute_ms, 1)));
       });
       const decisions = (r.decisions || []).map((d) => el("li", {class: "decision"},
         `${when(d.at)} · ${d.action} by ${d.who}: `, el("span", {class: "reason"}, d.why || "(no reason given)")));
@@ -124,7 +134,7 @@
         el("h3", {}, r.model, " ", el("span", {class: "muted"}, `epoch ${p.epoch} · ${split}` +
           (p.shadow ? ` · shadow ${p.shadow}` : "") + (r.converged ? "" : " · converging"))),
         el("p", {class: "muted"}, "guard: " + JSON.stringify(r.guard || {})),
-        el("table", {}, el("thead", {}, el("tr", {}, ...["version", "role", "workers", "requests", "errors", "p99 ms"].map((c) => el("th", {}, c)))),
+        el("table", {}, el("thead", {}, el("tr", {}, ...["version", "role", "workers", "requests", "errors", "compute p99 ms"].map((c) => el("th", {}, c)))),
           el("tbody", {}, ...versions)),
         el("ul", {class: "decisions"}, ...decisions),
         p.canary || p.previous ? el("button", {onclick: () => act("rollback", {model: r.model},
