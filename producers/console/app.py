@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Annotated, Any
 
-from fastapi import Cookie, FastAPI, Header, Query, Request, Response
+from fastapi import Cookie, FastAPI, Header, Query, Response
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -29,7 +29,6 @@ from batchfleet.producers.console.sessions import (
     CSRF_HEADER,
     SESSION_S,
     KeySource,
-    Session,
     Sessions,
 )
 from batchfleet.producers.console.settings import ConsoleSettings
@@ -83,9 +82,6 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
     problems.install(app)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
-    def session(request: Request, cookie: str | None, api_key: str | None) -> Session:
-        return sessions.check(cookie, api_key)
-
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
         html = (STATIC / "index.html").read_text()
@@ -93,9 +89,8 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
                             headers={"Cache-Control": "no-store"})
 
     @app.get("/api/session")
-    async def who(request: Request, cookie: CookieDep = None, key: KeyDep = None
-                  ) -> dict[str, Any]:
-        s = session(request, cookie, key)
+    async def who(cookie: CookieDep = None, key: KeyDep = None) -> dict[str, Any]:
+        s = sessions.check(cookie, key)
         return {"who": s.who, "csrf": sessions.csrf(s), "open": sessions.open}
 
     @app.post("/api/session")
@@ -110,29 +105,26 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
         response.delete_cookie(COOKIE)
 
     @app.get("/api/overview")
-    async def overview(request: Request, cookie: CookieDep = None, key: KeyDep = None
-                       ) -> dict[str, Any]:
-        session(request, cookie, key)
+    async def overview(cookie: CookieDep = None, key: KeyDep = None) -> dict[str, Any]:
+        sessions.check(cookie, key)
         st = state["s"]
         return {**await st.reads.overview(), "actions": st.actions.log(),
                 "refresh_s": settings.refresh_s}
 
     @app.get("/api/dlq")
     async def dead_letters(
-        request: Request, model: str, cookie: CookieDep = None, key: KeyDep = None,
+        model: str, cookie: CookieDep = None, key: KeyDep = None,
         before: Annotated[str, Query(pattern=r"^(\d{1,20}-\d{1,20})?$")] = "",
         limit: Annotated[int, Query(ge=1, le=200)] = DLQ_PAGE,
     ) -> dict[str, Any]:
-        session(request, cookie, key)
+        sessions.check(cookie, key)
         check_model_name(model)
         return await state["s"].reads.dead_letters(model, before, limit)
 
     @app.post("/api/actions/{action}")
-    async def act(action: str, body: dict[str, Any], request: Request,
-                  cookie: CookieDep = None, key: KeyDep = None,
-                  csrf: CsrfDep = None
-                  ) -> dict[str, Any]:
-        s = session(request, cookie, key)
+    async def act(action: str, body: dict[str, Any], cookie: CookieDep = None,
+                  key: KeyDep = None, csrf: CsrfDep = None) -> dict[str, Any]:
+        s = sessions.check(cookie, key)
         sessions.check_csrf(s, csrf)
         return await state["s"].actions.run(action, body, s.who)
 
