@@ -234,6 +234,8 @@ async def test_pausing_a_models_lanes_holds_its_requests_until_resumed(redis_url
                                    json={"model": "poison", "why": "bad inputs upstream"})
             assert done.status_code == 200, done.text
             await until(lambda: worker.vitals()["operator_paused"], lambda p: p == ["poison"])
+            # the fetch loop applied it: the consumer paused the lanes before its next fetch
+            await until(worker.metrics.lane_pause_counts, lambda c: c.get("poison") == 1)
             held = await client.submit_many("poison", ROWS[:5])
             flowing = await client.submit_many("demo-mlp", ROWS[:5])
             assert {r.status for r in await client.wait_many(flowing, timeout=30)} == {
