@@ -107,7 +107,7 @@ def model_ceiling(model: str, batch_size: int, seconds: float, threads: int, rou
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     device = resolve_device("auto")  # the worker's default, so both run on the same device
-    wait = _waiter(device)
+    wait = waiter(device)
     copies: dict[str, Any] | None = None
     try:
         handler = load_models((model,), batch_size)[model]
@@ -131,7 +131,7 @@ def model_ceiling(model: str, batch_size: int, seconds: float, threads: int, rou
     return out
 
 
-def _waiter(device: torch.device) -> Callable[[object], object]:
+def waiter(device: torch.device) -> Callable[[object], object]:
     """A step's result, once the device has finished it (CUDA runs asynchronously)."""
     if device.type != "cuda":
         return lambda result: result
