@@ -25,6 +25,7 @@ from batchfleet.schemas.registry import RolloutPolicy
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.middleware.rollout_stats import PolicyCache
+from batchfleet.workers.rollout_evidence import EvidenceSource
 
 if TYPE_CHECKING:
     from batchfleet.workers.context import WorkerContext
@@ -56,10 +57,12 @@ def guard_verdict(policy: RolloutPolicy, stable: RoleStats, canary: RoleStats) -
 
 class RolloutGuard(Middleware):
     def __init__(self, metrics: WorkerMetrics, policies: PolicyCache,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0, evidence: EvidenceSource | None = None) -> None:
         self._metrics = metrics
         self._policies = policies
         self._every_s = every_s
+        #: Output evidence (PSI, NaN rates); None: those checks are skipped.
+        self._evidence = evidence
         self._ctx: WorkerContext | None = None
         #: Rollbacks this worker made: (model, epoch it wrote, why).
         self.rollbacks: list[tuple[str, int, str]] = []
