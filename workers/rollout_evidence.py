@@ -25,7 +25,9 @@ class OutputEvidence:
 
 
 class EvidenceSource(Protocol):
-    """Where the guard reads output evidence; None from a source that has none yet."""
+    """Where the guard reads output evidence: ``(canary's, stable's)``, in the order of
+    the arguments, over the same windows since ``since_unix_s`` (the policy epoch's
+    start); None from a source that has none yet."""
 
     async def output_evidence(self, model: str, canary: str, stable: str, since_unix_s: float
                               ) -> tuple[OutputEvidence, OutputEvidence] | None: ...
