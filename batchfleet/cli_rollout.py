@@ -113,10 +113,12 @@ def set_(
         help="A version run on copies of live batches; its answers are never returned.")
     ] = None,
     guard_error_points: Annotated[float | None, typer.Option(
-        help="Roll back when the canary's error rate exceeds stable's by this many points.")
+        help="Roll back when the canary's error rate exceeds stable's by this many points "
+        "(and significantly: docs/rollout.md, How the guard decides).")
     ] = None,
     guard_p99_ratio: Annotated[float | None, typer.Option(
-        help="Roll back when the canary's p99 compute exceeds stable's this many times.")
+        help="Roll back when the canary's p99 compute exceeds stable's this many times "
+        "(over 100+ batches each, significantly, at two evaluations in a row).")
     ] = None,
     guard_window: Annotated[int | None, typer.Option(
         help="Judge the canary only after this many of its requests.")] = None,
@@ -145,6 +147,8 @@ def set_(
         batchfleet rollout set demo-mlp --stable default --canary v2 --percent 20 --why "try v2"
 
         batchfleet rollout set demo-mlp --stable default --shadow v2 --broker redis://localhost:6379/0
+
+        batchfleet rollout set demo-mlp --stable default --canary v2 --percent 5 --guard-psi 0.25
     """
     output = output_format(output, as_json)
     if canary is not None and percent == 0.0:
