@@ -36,8 +36,9 @@ from batchfleet.output import (
     table,
 )
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.schemas.registry import Declaration, ModelRecord, TensorSpec
+from batchfleet.schemas.registry import Declaration, ModelRecord
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.validation import check_model_name
 
 T = TypeVar("T")

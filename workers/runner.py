@@ -3,7 +3,9 @@
 When a batch's forward raises, it is bisected: each half is retried on its
 own until the failing request(s) are alone, so their neighbours still get
 answers. The same split handles CUDA out-of-memory: smaller halves are tried
-until they fit. This runs in the compute thread; it never touches the network.
+until they fit. This runs in the compute thread (a handler's ``preprocess``, unless it
+copies to the device, runs before, on a thread of its own: ``prepare``); it never touches
+the network.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -58,6 +60,27 @@ class BatchRun:
     stalled: bool = False
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A batch preprocessed ahead of its forward (``ModelRunner.prepare``)."""
+
+    batch: Any
+    #: ``time.time()`` when preprocessing finished, and how long it took.
+    done_at: float
+    took_s: float
+
+    @property
+    def started_at(self) -> float:
+        return self.done_at - self.took_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """``preprocess`` raised this on the whole batch."""
+
+    error: BaseException
+
+
 class ModelRunner:
     """Owns the handlers on one device: set-up, warm-up and batch execution."""
 
@@ -82,9 +105,24 @@ class ModelRunner:
     def _forward(self, handler: ModelHandler, inputs: Sequence[Tensors]) -> list[Tensors]:
         return handler.postprocess(handler.predict(handler.preprocess(inputs)), len(inputs))
 
-    def run(self, model: str, inputs: Sequence[Tensors]) -> BatchRun:
+    def prepare(self, model: str, inputs: Sequence[Tensors]) -> Prepared:
+        """``preprocess`` of a whole batch, on a thread other than the device's. What it
+        raises is kept, not raised: :meth:`run` then bisects, preprocessing each part, so
+        the request that made it fail is pinned as for a failed forward."""
+        start = time.perf_counter()
+        try:
+            batch: Any = self.handlers[model].preprocess(inputs)
+        except Exception as exc:
+            batch = _Failed(exc)
+        return Prepared(batch, time.time(), time.perf_counter() - start)
+
+    def run(self, model: str, inputs: Sequence[Tensors],
+            prepared: Prepared | None = None) -> BatchRun:
+        """The batch's outputs, bisecting on failure. With ``prepared`` (the whole batch,
+        preprocessed already), its forward is tried first; a failure there re-runs the
+        parts from their inputs."""
         handler = self.handlers[model]
-        forwards = 0
+        forwards = 0 if prepared is None or isinstance(prepared.batch, _Failed) else 1
 
         def forward(part: Sequence[Tensors]) -> list[Tensors]:
             nonlocal forwards
@@ -97,9 +135,35 @@ class ModelRunner:
 
         started_at = time.time()
         start = time.perf_counter()
-        raw = bisect_run(forward, inputs)
+        if prepared is None:
+            raw = bisect_run(forward, inputs)
+        else:
+            raw = self._run_prepared(handler, inputs, prepared.batch, forward)
         compute_s = time.perf_counter() - start
+        if prepared is not None:  # the request's compute time includes its preprocessing
+            started_at, compute_s = prepared.started_at, compute_s + prepared.took_s
         outputs: list[Tensors | BatchfleetError] = [
             as_model_error(o) if isinstance(o, BaseException) else o for o in raw
         ]
         return BatchRun(outputs, started_at, compute_s, forwards)
+
+    @staticmethod
+    def _run_prepared(handler: ModelHandler, inputs: Sequence[Tensors], batch: Any,
+                      forward: Callable[[Sequence[Tensors]], list[Tensors]]
+                      ) -> list[Tensors | BaseException]:
+        """The forward of a preprocessed batch; on failure (of it, or of ``preprocess``
+        already), its halves are bisected from their inputs, as :func:`bisect_run` would."""
+        error: BaseException
+        if isinstance(batch, _Failed):
+            error = batch.error
+        else:
+            try:
+                return list(handler.postprocess(handler.predict(batch), len(inputs)))
+            except Exception as exc:
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                error = exc
+        if len(inputs) <= 1:
+            return [error]
+        mid = len(inputs) // 2
+        return bisect_run(forward, inputs[:mid]) + bisect_run(forward, inputs[mid:])
