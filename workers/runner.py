@@ -45,7 +45,23 @@ def as_model_error(exc: BaseException) -> BatchfleetError:
         return exc
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return OutOfMemoryError(f"out of memory: {exc}")
-    return ModelError(f"{type(exc).__name__}: {exc}")
+    return ModelError(f"{type(exc).__name__}: {useful_message(exc)}")
+
+
+_TORCHSCRIPT_HEAD = "The following operation failed in the TorchScript interpreter."
+
+
+def useful_message(exc: BaseException) -> str:
+    """What a caller needs from a model's error. TorchScript's first line says only that
+    it failed, then comes its traceback; the real error (``RuntimeError: mat1 and mat2
+    shapes cannot be multiplied (2x5 and 10x4)``) is the last line, so that is kept,
+    with the serialized line it failed on."""
+    text = str(exc)
+    if not text.startswith(_TORCHSCRIPT_HEAD):
+        return text
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    where = next((line for line in lines if line.startswith("File ")), "")
+    return f"{lines[-1]} (in TorchScript{', ' + where if where else ''})"
 
 
 @dataclass(slots=True)

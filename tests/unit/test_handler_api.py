@@ -120,3 +120,35 @@ async def test_the_built_in_module_handler_collates_in_the_compute_thread() -> N
 
     assert preprocess_on_device(load_model("demo-mlp"))
     assert not preprocess_on_device(Doubler())  # type: ignore[arg-type]
+
+
+def test_a_torchscript_error_keeps_the_line_with_the_real_error() -> None:
+    from batchfleet.workers.runner import as_model_error
+
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(10, 4)))
+    with pytest.raises(RuntimeError) as caught:
+        scripted(torch.zeros(2, 5))
+    message = str(as_model_error(caught.value))
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x5 and 10x4)" in message
+    assert "The following operation failed" not in message and "\n" not in message
+    assert str(as_model_error(ValueError("plain"))) == "ValueError: plain"
+
+
+def test_input_spec_setting_fills_a_missing_spec_and_refuses_a_contradiction() -> None:
+    from batchfleet import TensorSpec
+    from batchfleet.cli_worker import resolve
+    from batchfleet.schemas.errors import ConfigError
+    from batchfleet.workers.models import load_model
+
+    settings, _ = resolve({"broker": "redis://h:1/0", "models": ["lin=torch.nn:Identity"],
+                           "input_spec": ["lin=float32[3,224,224]"]})
+    assert settings.input_spec_for("other") is None
+    with pytest.raises(ConfigError, match="must look like DTYPE"):
+        resolve({"broker": "redis://h:1/0", "input_spec": ["float32(10)"]})
+    spec = settings.input_spec_for("lin")
+    assert spec == TensorSpec("float32", (3, 224, 224))
+    handler = load_model("lin=torch.nn:Identity", input_spec=spec)
+    assert handler.input_spec == spec
+    with pytest.raises(ConfigError, match=r"takes float32\[10\]; --input-spec int64\[3\]"):
+        load_model("demo-mlp", input_spec=TensorSpec("int64", (3,)))
+
