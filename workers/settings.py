@@ -46,6 +46,7 @@ from batchfleet.connectors.values import DEFAULT_TTL_S
 from batchfleet.schemas.errors import ConfigError, ValidationError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
 from batchfleet.schemas.settings import (
+    APP_DIR,
     BROKER,
     DEFAULT_NAMESPACE,
     ENV_PREFIX,
@@ -149,9 +150,8 @@ class WorkerSettings:
         flag="--model", short="-m", metavar="SPEC", repeat=True,
         panel="Connection"))
     #: Where ``module:factory`` specs are imported from ("": the working directory).
-    app_dir: str = field(default="", metadata=opt(
-        "Directory module:factory models are imported from (as uvicorn's --app-dir).",
-        metavar="DIR", show="the working directory", panel="Connection"))
+    app_dir: str = field(default="", metadata=with_opt(
+        APP_DIR, show="the working directory", panel="Connection"))
     #: Per model: the dtype and per-request shape a model takes, for a plain module or a
     #: .pt/.pt2 file that cannot say; a request that does not match fails at intake.
     input_spec: PerModel[str] = field(default=PerModel(""), metadata=opt(
