@@ -1,13 +1,13 @@
 """The model handler contract (public) and the handler that wraps any ``torch.nn.Module``.
 
 A handler has explicit hooks, as in LitServe: ``setup(device)`` once, then per
-batch ``preprocess`` (collate requests into tensors on the device),
-``predict`` and ``postprocess`` (split back into one output per request). An
-optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
+batch ``preprocess`` (requests into what the model takes, on a thread of its own),
+``predict`` (on the device's thread) and ``postprocess`` (split back into one
+output per request). An optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
 request before it can poison a batch, and an optional ``validate(inputs)`` hook
 refuses values the spec cannot express (a token ID past the vocabulary): both
 run at intake, one request at a time, so bad input fails alone and is never
-retried.
+retried. The user's guide to all of it: docs/models.md.
 """
 
 from __future__ import annotations

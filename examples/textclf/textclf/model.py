@@ -75,15 +75,16 @@ class TextClassifier(ModelHandler):
         self._fit()
 
     def _fit(self) -> None:
-        """Fifty steps on the examples above (well under a second): a real model
-        would load trained weights here instead."""
+        """Thirty steps of gradient descent on the examples above (milliseconds): a real
+        model would load trained weights here instead."""
         batch = self.preprocess([encode(text) for text, _ in EXAMPLES])
         labels = torch.tensor([label for _, label in EXAMPLES])
-        optimizer = torch.optim.Adam(self.net.parameters(), lr=0.1)
-        for _ in range(50):
-            optimizer.zero_grad()
+        for _ in range(30):
+            self.net.zero_grad()
             nn.functional.cross_entropy(self.net(*batch), labels).backward()
-            optimizer.step()
+            with torch.no_grad():
+                for param in self.net.parameters():
+                    param.sub_(5.0 * param.grad)
 
     def setup(self, device: torch.device) -> None:
         self.device = device
