@@ -10,15 +10,15 @@ the network.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
-from batchfleet.schemas.errors import BatchfleetError, ModelError, OutOfMemoryError
+from batchfleet.schemas.errors import BatchfleetError, ConfigError, ModelError, OutOfMemoryError
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.models.handler import ModelHandler
 
@@ -45,10 +45,16 @@ def as_model_error(exc: BaseException) -> BatchfleetError:
         return exc
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return OutOfMemoryError(f"out of memory: {exc}")
-    return ModelError(f"{type(exc).__name__}: {useful_message(exc)}")
+    message = useful_message(exc)
+    if message != str(exc) and _TYPED.match(message):  # TorchScript's line names its type
+        return ModelError(message)
+    return ModelError(f"{type(exc).__name__}: {message}")
 
 
 _TORCHSCRIPT_HEAD = "The following operation failed in the TorchScript interpreter."
+_TYPED = re.compile(r"[A-Za-z_.]+: ")
+#: torch.export's guard on a batch dimension exported static.
+_EXPORT_BATCH_GUARD = re.compile(r"Guard failed: \w+\.size\(\)\[0\] == \d+")
 
 
 def useful_message(exc: BaseException) -> str:
@@ -57,6 +63,10 @@ def useful_message(exc: BaseException) -> str:
     shapes cannot be multiplied (2x5 and 10x4)``) is the last line, so that is kept,
     with the serialized line it failed on."""
     text = str(exc)
+    if _EXPORT_BATCH_GUARD.search(text):
+        return (f"{text} (this torch.export file takes only the batch size it was exported "
+                "with: export it with dynamic_shapes giving dimension 0 a "
+                "torch.export.Dim('batch'))")
     if not text.startswith(_TORCHSCRIPT_HEAD):
         return text
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -105,16 +115,23 @@ class ModelRunner:
         self.device = device
 
     def setup(self, warmup_batch_sizes: Sequence[int] = (1, 8)) -> dict[str, float]:
-        """Move every model to the device and run warm-up batches; seconds taken per model."""
+        """Move every model to the device and run warm-up batches; seconds taken per model.
+        What a handler raises there is a ConfigError naming the model: it is not served."""
         took: dict[str, float] = {}
         for name, handler in self.handlers.items():
             start = time.perf_counter()
-            handler.setup(self.device)
-            spec = handler.input_spec
-            if spec is not None:
-                for size in warmup_batch_sizes:
-                    sample = np.zeros(spec.shape, dtype=spec.dtype)
-                    self._forward(handler, [sample] * size)
+            try:
+                handler.setup(self.device)
+                spec = handler.input_spec
+                if spec is not None:
+                    for size in warmup_batch_sizes:
+                        self._forward(handler, [spec.zeros()] * size)
+            except BatchfleetError:
+                raise
+            except Exception as exc:  # user code: one line saying which model and why
+                raise ConfigError(f"model {name!r}: set-up or warm-up (batches of "
+                                  f"{', '.join(map(str, warmup_batch_sizes))}) failed: "
+                                  f"{as_model_error(exc)}") from exc
             took[name] = time.perf_counter() - start
         return took
 

@@ -82,3 +82,18 @@ def test_specs_and_hooks_are_checked_as_a_worker_would() -> None:
         check_model(spec, inputs=[np.full(3, 101, np.float32)])
     with pytest.raises(ValidationError, match=r"wrong shape: expected float32\[3\]"):
         check_model(spec, inputs=[np.ones(4, np.float32)])
+
+
+def test_a_warm_up_failure_is_one_line_naming_the_model_and_the_fix(tmp_path: Path) -> None:
+    """A torch.export file with a static batch dimension fails its warm-up at batch 1: the
+    worker and ``models check`` stop with one line saying how to export it."""
+    import torch
+
+    exported = torch.export.export(torch.nn.Linear(10, 4), (torch.zeros(2, 10),))
+    path = tmp_path / "static.pt2"
+    torch.export.save(exported, str(path))
+    with pytest.raises(ConfigError) as refused:
+        check_model(str(path), input_spec=TensorSpec("float32", (10,)))
+    line = str(refused.value)
+    assert line.startswith("model 'static': set-up or warm-up (batches of 1, 8) failed")
+    assert "Dim('batch')" in line and "\n" not in line
