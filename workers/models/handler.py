@@ -122,6 +122,7 @@ class ModelHandler(Protocol):
 
     def setup(self, device: torch.device) -> None:
         """Load and place the model on ``device`` (default: nothing to do)."""
+        return None  # a body, so that subclasses need not write one (mypy: not abstract)
 
     def preprocess(self, inputs: Sequence[Tensors]) -> Any:
         """Default: stack the requests into one CPU tensor (a dict of them for named
