@@ -101,21 +101,34 @@ def _refused(result: Result) -> None:
 async def test_a_factory_in_the_working_directory_with_an_input_spec(
         redis_url: str, tmp_path: Path) -> None:
     """No PYTHONPATH names the user's folder; ``--input-spec`` refuses a wrong shape at
-    intake (it was enqueued before the worker started, past the SDK's checks)."""
+    intake, for a plain module and a ``.pt2`` file (enqueued before the worker started,
+    past the SDK's checks)."""
+    import torch
+
     app = _write_app(tmp_path / "app")
     assert str(app) not in os.environ.get("PYTHONPATH", "")
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(torch.nn.Linear(10, 2), (torch.zeros(2, 10),),
+                                   dynamic_shapes=({0: batch},))
+    torch.export.save(exported, str(app / "exp.pt2"))
     ns = "own1"
-    code, _, err = await run_cli("models", "declare", "lin", "--broker", redis_url,
-                                 "--namespace", ns)
-    assert code == 0, err
+    for model in ("lin", "exp"):
+        code, _, err = await run_cli("models", "declare", model, "--broker", redis_url,
+                                     "--namespace", ns)
+        assert code == 0, err
     async with AsyncClient(redis_url, namespace=ns) as client:
         good = await client.submit("lin", [0.5] * 10)
         bad = await client.submit("lin", [0.5] * 7)
-        async with _worker(redis_url, ns, app, "--model", "lin=ownmodel:build",
-                           "--input-spec", "lin=float32[10]") as lines:
-            done = await client.wait_many([good, bad], timeout=60)
+        exp_bad = await client.submit("exp", [0.5] * 7)
+        async with _worker(redis_url, ns, app, "--model", "lin=ownmodel:build", "--model",
+                           "exp=exp.pt2", "--input-spec", "lin=float32[10]",
+                           "--input-spec", "exp=float32[10]") as lines:
+            done = await client.wait_many([good, bad, exp_bad], timeout=60)
+            exp_good = await client.wait(await client.submit("exp", [0.5] * 10), timeout=60)
     assert done[0].status == "succeeded" and done[0].outputs is not None
     _refused(done[1])
+    _refused(done[2])
+    assert exp_good.status == "succeeded"
     assert await _dead_letters(redis_url, ns) == []
     assert not any("no input spec" in line for line in lines)
 
