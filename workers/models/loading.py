@@ -122,7 +122,10 @@ def load_model(spec: str, max_batch_size: int = 1024,
     choice = choice or RuntimeChoice()
     name, source = parse_model_spec(spec)
     if source.endswith(".onnx"):
-        return _load_onnx(name, Path(source), choice, max_batch_size)
+        onnx = _load_onnx(name, Path(source), choice, max_batch_size)
+        if input_spec is not None:  # a file whose dims after the batch axis are dynamic
+            declare_input(onnx, input_spec)
+        return onnx
     handler = _load_eager(name, source, spec, max_batch_size)
     if input_spec is not None:
         declare_input(handler, input_spec)
