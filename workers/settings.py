@@ -110,9 +110,10 @@ def _input_spec(value: str) -> str:
     if value.strip().lower() in ("", "none"):
         return ""
     try:
-        return TensorSpec.parse(value).describe()
+        spec = TensorSpec.parse(value)
     except ValidationError as exc:
         raise ValueError(str(exc)) from None
+    return f"{spec.dtype}[{','.join(map(str, spec.shape))}]"  # as typed on the command line
 
 
 def _slo_ms(value: str) -> float | None:
