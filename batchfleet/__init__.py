@@ -1,6 +1,8 @@
 """batchfleet: asynchronous micro-batching PyTorch inference workers.
 
-The public client API is re-exported here (``from batchfleet import Client``);
+The public client API is re-exported here (``from batchfleet import Client``), and the
+handler API for serving one's own model (``ModelHandler``, ``TensorSpec``,
+``InvalidInputError``; docs/models.md);
 the runtime is ``batchfleet.workers``, the SDK ``batchfleet.producers``, the
 wire contract ``batchfleet.schemas`` and the broker and store adapters
 ``batchfleet.connectors``. Names are resolved on first use, so importing the
@@ -29,6 +31,10 @@ _EXPORTS = {
     "RequestConflictError": "batchfleet.schemas.errors",
     "OverloadedError": "batchfleet.schemas.errors",
     "UnknownModelError": "batchfleet.schemas.errors",
+    "InvalidInputError": "batchfleet.schemas.errors",
+    # the handler API (docs/models.md): ModelHandler needs torch, the worker extra
+    "TensorSpec": "batchfleet.schemas.tensor_spec",
+    "ModelHandler": "batchfleet.workers.models.handler",
 }
 
 if TYPE_CHECKING:
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
     from batchfleet.schemas.errors import (
         BatchfleetError,
         ConfigError,
+        InvalidInputError,
         OverloadedError,
         RequestConflictError,
         RequestLostError,
@@ -46,6 +53,8 @@ if TYPE_CHECKING:
         ValidationError,
         WaitTimeoutError,
     )
+    from batchfleet.schemas.tensor_spec import TensorSpec
+    from batchfleet.workers.models.handler import ModelHandler
 
 __all__ = [
     "AsyncClient",
@@ -53,11 +62,14 @@ __all__ = [
     "Client",
     "ConfigError",
     "ErrorInfo",
+    "InvalidInputError",
+    "ModelHandler",
     "OverloadedError",
     "RequestConflictError",
     "RequestLostError",
     "Result",
     "ResultStoreError",
+    "TensorSpec",
     "TransportError",
     "UnknownModelError",
     "ValidationError",
@@ -72,7 +84,12 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'batchfleet' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:  # torch, for ModelHandler in a producer-only install
+        raise ImportError(f"batchfleet.{name} needs the worker extra: "
+                          f"pip install 'batchfleet[worker]' ({exc})") from exc
+    value = getattr(imported, name)
     globals()[name] = value  # resolved once; later lookups skip this function
     return value
 

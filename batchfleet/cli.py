@@ -241,6 +241,8 @@ def worker() -> None:
 
         batchfleet worker --broker redis://localhost:6379/0 --model fraud=mypkg.models:build
 
+        batchfleet worker -m net=model.pt2 --input-spec net=float32[3,224,224] --app-dir src
+
         batchfleet worker -m demo-mlp -m demo-encoder --retry 5 --retry demo-encoder=2:0.2:10
 
         batchfleet worker --broker redis://:secret@localhost:6379/0 --print-config

@@ -1,4 +1,5 @@
-"""``batchfleet models declare | list | show | undeclare``: the model registry by hand.
+"""``batchfleet models declare | list | show | undeclare | check``: the model registry by
+hand, and a model tried locally (``check``: ``cli_models_check``).
 
 Declaring a model before any worker serves it lets producers submit to it at
 once (the requests wait in its lane), and gives submits an input spec to be
@@ -13,6 +14,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from batchfleet.cli_models_check import check
 from batchfleet.connectors.model_registry import ModelRegistry, Undeclared
 from batchfleet.options import (
     BrokerOpt,
@@ -36,17 +38,20 @@ from batchfleet.output import (
     table,
 )
 from batchfleet.schemas.errors import BatchfleetError
-from batchfleet.schemas.registry import Declaration, ModelRecord, TensorSpec
+from batchfleet.schemas.registry import Declaration, ModelRecord
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.validation import check_model_name
 
 T = TypeVar("T")
 
 models_app = typer.Typer(
-    help="Declare models ahead of their workers, and read the model registry.\n\n"
+    help="Declare models ahead of their workers, read the model registry, and check a "
+         "model locally.\n\n"
          "Examples:\n\n    batchfleet models declare fraud --input float32[10]\n\n"
-         "    batchfleet models list",
+         "    batchfleet models list\n\n    batchfleet models check textclf.model:build",
     no_args_is_help=True, rich_markup_mode="markdown")
+models_app.command()(check)
 
 NameArg = Annotated[str, typer.Argument(help="The model's name.")]
 

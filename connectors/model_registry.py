@@ -62,12 +62,12 @@ from batchfleet.schemas.registry import (
     Pause,
     PolicyChange,
     RolloutPolicy,
-    TensorSpec,
     decode_history,
     decode_record,
     encode_served,
     pack,
 )
+from batchfleet.schemas.tensor_spec import TensorSpec
 
 #: A served entry this old is a worker long gone (killed without withdrawing): dropped
 #: when its model is next re-asserted with ``prune``, so worker churn cannot grow a record.

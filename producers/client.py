@@ -53,8 +53,9 @@ from batchfleet.schemas.errors import (
     WaitTimeoutError,
 )
 from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_request_id
-from batchfleet.schemas.registry import ModelRecord, TensorSpec, UnregisteredModelError
+from batchfleet.schemas.registry import ModelRecord, UnregisteredModelError
 from batchfleet.schemas.request_template import RequestTemplate
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.tensors import as_array
 
 if TYPE_CHECKING:

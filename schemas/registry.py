@@ -30,7 +30,7 @@ Beside the hash, ``{ns}:model:{name}:history`` is a capped list (newest first) o
 policy changes, each ``{at, who, why, action, policy}``.
 
 This module only encodes and decodes; ``connectors.model_registry`` reads and
-writes Redis. It imports nothing from the project but errors and validation.
+writes Redis. It imports nothing from the project but errors and the tensor spec.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
-import numpy as np
 
 from batchfleet.schemas.errors import UnknownModelError, ValidationError
-from batchfleet.schemas.validation import check_shape
+from batchfleet.schemas.tensor_spec import TensorSpec  # also importable from here
 
 DEFAULT_LABEL: Final = "default"
 #: A served entry older than this is a worker gone without saying so (killed, partitioned):
@@ -60,63 +59,7 @@ F_PAUSED: Final = "paused"
 VERSION_PREFIX: Final = "version:"
 SERVED_PREFIX: Final = "served:"
 
-_SPEC: Final = re.compile(r"\s*([a-z0-9]+)\s*\[\s*([0-9,\s]*)\]\s*", re.ASCII)
 _LABEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
-_DTYPES: Final = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-                            "int64", "uint64", "float16", "float32", "float64"})
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """Dtype and per-request shape (no batch dimension), as ``float32[10]`` on the CLI."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValidationError(
-                f"dtype {self.dtype!r} is not one of {', '.join(sorted(_DTYPES))}")
-        check_shape(list(self.shape), "spec")
-
-    @classmethod
-    def parse(cls, text: str) -> TensorSpec:
-        """``float32[10]``, ``int64[64]``, ``float32[3, 224, 224]``, ``float32[]`` (a scalar)."""
-        match = _SPEC.fullmatch(text)
-        if match is None:
-            raise ValidationError(f"spec {text!r} must look like DTYPE[DIM, ...], e.g. float32[10]")
-        dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
-        return cls(match.group(1), tuple(int(d) for d in dims))
-
-    def describe(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> TensorSpec | None:
-        if obj is None:
-            return None
-        if not isinstance(obj, Mapping) or not isinstance(obj.get("dtype"), str):
-            raise ValidationError(f"not a tensor spec: {obj!r}")
-        return cls(obj["dtype"], check_shape(obj.get("shape"), "spec"))
-
-    def check(self, inputs: Any) -> None:
-        """Refuse inputs of another dtype or shape, with the worker's words for it; a cheap
-        check on arrays (the SDK's submit), never a conversion of what it was given."""
-        if isinstance(inputs, dict):
-            raise ValidationError(f"expected a single tensor {self.describe()}, got named tensors")
-        dtype, want = np.dtype(inputs.dtype), np.dtype(self.dtype)
-        if dtype.newbyteorder("<") != want.newbyteorder("<"):
-            hint = ""
-            if dtype.kind in "iu" and want.kind == "f":
-                hint = (f" (whole numbers are sent as {inputs.dtype}: send floats, or pass "
-                        f"--dtype {self.dtype} / \"dtype\": \"{self.dtype}\")")
-            raise ValidationError(f"wrong dtype: expected {self.dtype}, got {inputs.dtype}{hint}")
-        if tuple(inputs.shape) != self.shape:
-            raise ValidationError(f"wrong shape: expected {self.describe()}, "
-                                  f"got {inputs.dtype}{list(inputs.shape)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,10 @@ RESULTS = Opt(
     env="BATCHFLEET_RESULTS", metavar="URL", show="the broker's URL")
 NAMESPACE = Opt("Prefix of every key, stream and topic.", flag="--namespace",
                 env="BATCHFLEET_NAMESPACE")
+#: ``worker`` and ``models check``: where ``module:factory`` models are imported from.
+APP_DIR = Opt("Directory module:factory models are imported from, as uvicorn's --app-dir "
+              "(default: the working directory).", flag="--app-dir", env="BATCHFLEET_APP_DIR",
+              metavar="DIR")
 #: ``webhooks``: RQ's Redis is the result store's (one node), else a Redis broker's.
 WEBHOOK_RESULTS = Opt(
     "Redis holding the results and the webhook queue, redis://host:port/db. "

@@ -6,8 +6,10 @@ computes. Every batch runs under its model's compute limit (``compute_limits``:
 thread cannot be interrupted or killed, least of all inside C (a CUDA kernel, a
 driver call, a ``time.sleep``): a batch past its limit is *abandoned* with its
 thread, which is kept as *stuck* until it returns, and the next batch gets a fresh
-thread. ``run_aside`` is a second thread, for re-running a stalled batch's requests
-one by one (``workers.containment``) while the main thread serves other batches.
+thread. A handler's ``preprocess`` runs before, on a thread of its own (``_prepared``),
+so CPU-bound preprocessing does not hold the device. ``run_aside`` is a second thread,
+for re-running a stalled batch's requests one by one (``workers.containment``) while
+the main thread serves other batches.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import structlog
 import torch
 
 from batchfleet.schemas.errors import ComputeTimeoutError
+from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.jobs import Job
 from batchfleet.workers.models import ModelHandler
-from batchfleet.workers.runner import BatchRun, ModelRunner
+from batchfleet.workers.models.handler import preprocess_on_device
+from batchfleet.workers.runner import BatchRun, ModelRunner, Prepared
 
 THREAD_PREFIX = "compute"
 log = structlog.get_logger("batchfleet.worker")
@@ -53,6 +57,9 @@ class ComputeThread:
         self.limits = limits or ComputeLimits()
         self._executor = _pool()  # the main thread (the shadow queues its runs here too)
         self._aside: ThreadPoolExecutor | None = None
+        #: Where a handler's ``preprocess`` runs before the device is taken (not the
+        #: built-in module handler's: its collation is a copy to the device).
+        self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
         self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
@@ -100,11 +107,12 @@ class ComputeThread:
         loop = asyncio.get_running_loop()
         started: asyncio.Future[None] = loop.create_future()
         inputs = [j.request.inputs for j in jobs]
+        prepared = await self._prepared(model, inputs, limit)
 
         def forward() -> BatchRun:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 loop.call_soon_threadsafe(_settle, started)
-            return self._runner.run(model, inputs)
+            return self._runner.run(model, inputs, prepared)
 
         future = loop.run_in_executor(executor, forward)
         try:
@@ -125,6 +133,24 @@ class ComputeThread:
             return BatchRun([error] * len(jobs), time.time() - limit, limit, 1, stalled=True)
         return run
 
+    async def _prepared(self, model: str, inputs: list[Tensors],
+                        limit: float) -> Prepared | None:
+        """The batch preprocessed on its own thread, so the device is not held meanwhile;
+        None for a handler that preprocesses on the device. A preprocess past the batch's
+        limit is abandoned with its thread: the compute thread then preprocesses under the
+        limit, and the stall is contained as any other."""
+        if preprocess_on_device(self._runner.handlers[model]):
+            return None
+        future = asyncio.get_running_loop().run_in_executor(
+            self._prepare, self._runner.prepare, model, inputs)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), limit)
+        except TimeoutError:
+            self._prepare.shutdown(wait=False, cancel_futures=True)
+            self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+            future.add_done_callback(_retrieve)
+            return None
+
     def stuck(self) -> dict[str, float]:
         """Lanes with a thread still stuck, and for how long since it was abandoned (the
         longest, where a lane has several). A thread that returned is forgotten."""
@@ -136,6 +162,7 @@ class ComputeThread:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._prepare.shutdown(wait=False, cancel_futures=True)
         if self._aside is not None:
             self._aside.shutdown(wait=False, cancel_futures=True)
 

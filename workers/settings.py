@@ -43,9 +43,10 @@ from typing import Any
 
 from batchfleet.connectors.urls import BrokerURL, results_url_for
 from batchfleet.connectors.values import DEFAULT_TTL_S
-from batchfleet.schemas.errors import ConfigError
+from batchfleet.schemas.errors import ConfigError, ValidationError
 from batchfleet.schemas.names import MAX_LANE_SHARDS
 from batchfleet.schemas.settings import (
+    APP_DIR,
     BROKER,
     DEFAULT_NAMESPACE,
     ENV_PREFIX,
@@ -62,6 +63,7 @@ from batchfleet.schemas.settings import (
     type_parser,
     with_opt,
 )
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.workers.compute_limits import parse_limit
 from batchfleet.workers.per_model import PerModel
 
@@ -104,6 +106,16 @@ def _shard_count(value: str) -> int:
     return count
 
 
+def _input_spec(value: str) -> str:
+    if value.strip().lower() in ("", "none"):
+        return ""
+    try:
+        spec = TensorSpec.parse(value)
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    return f"{spec.dtype}[{','.join(map(str, spec.shape))}]"  # as typed on the command line
+
+
 def _slo_ms(value: str) -> float | None:
     if value.lower() in ("", "none", "off"):
         return None
@@ -137,6 +149,16 @@ class WorkerSettings:
         "Model to serve, repeatable: demo-mlp, demo-encoder, NAME=module:factory or "
         "NAME=path.pt; NAME@VERSION=SPEC adds a version (demo-mlp@v2=demo-mlp:seed=2).",
         flag="--model", short="-m", metavar="SPEC", repeat=True,
+        panel="Connection"))
+    #: Where ``module:factory`` specs are imported from ("": the working directory).
+    app_dir: str = field(default="", metadata=with_opt(
+        APP_DIR, show="the working directory", panel="Connection"))
+    #: Per model: the dtype and per-request shape a model takes, for a plain module or a
+    #: .pt/.pt2 file that cannot say; a request that does not match fails at intake.
+    input_spec: PerModel[str] = field(default=PerModel(""), metadata=opt(
+        "What a model takes per request, e.g. float32[3,224,224]: a request that does not "
+        "match fails at once as a validation_error (docs/models.md).", per_model=True,
+        metavar="[MODEL=]DTYPE[SHAPE]", parse=_input_spec, show="the model's own",
         panel="Connection"))
     device: str = field(default="auto", metadata=opt("auto, cpu, cuda or cuda:N."))
     #: A batch closes at this many requests...
@@ -330,6 +352,11 @@ class WorkerSettings:
         default = RetryConfig(self.max_attempts, self.retry_base_s, self.retry_cap_s)
         spec = self.retry.for_model(model, version)
         return RetryConfig.parse(spec, default) if spec else default
+
+    def input_spec_for(self, model: str, version: str | None = None) -> TensorSpec | None:
+        """The model's ``--input-spec`` as a ``TensorSpec``, or None where not given."""
+        text = self.input_spec.for_model(model, version)
+        return TensorSpec.parse(text) if text else None
 
     def runtime_for(self, model: str, version: str | None = None) -> Any:
         """The model's ``RuntimeChoice``: runtime, precision and its accuracy gate."""

@@ -41,6 +41,7 @@ from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
 from batchfleet.workers.models import ModelHandler, load_versions
 from batchfleet.workers.models import versions as model_versions
+from batchfleet.workers.models.loading import add_app_dir
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
@@ -71,7 +72,7 @@ class Worker(DefaultViews):
         self.names = Names(s.namespace)
         self.versions = ({m: dict(v) for m, v in versions.items()} if versions is not None
                          else {m: {DEFAULT_LABEL: h} for m, h in handlers.items()} if handlers
-                         else load_versions(s.models, s.max_batch_size, s.runtime_for))
+                         else _load(s))
         self.handlers = {m: next(iter(v.values())) for m, v in self.versions.items()}
         self.hooks = Chain(middleware if middleware is not None
                            else default_middleware(s, self.handlers))
@@ -176,6 +177,11 @@ class Worker(DefaultViews):
         s = self.settings
         if not await aio.within(store.ping(), 5.0):
             raise ResultStoreError(f"result store {s.results_url} is not answering")
+        unchecked = await model_versions.adopt_declared_specs(self.versions, self.plane.models)
+        if unchecked:  # once, at start-up: every request to these reaches the forward
+            log.info("no input spec: requests are not checked for dtype or shape; pass "
+                     "--input-spec or run 'batchfleet models declare' (docs/models.md)",
+                     models=unchecked)
         warm = await self.compute.setup()
         await self.consumer.start(model_versions.lanes(self.versions))
         registry, shards = self.plane.models, s.lane_shards_by_model
@@ -371,6 +377,12 @@ class Worker(DefaultViews):
 
     # --- what the fleet sees: /readyz, in-flight counts, heartbeat vitals -------------
     readiness, in_flight, vitals = view.readiness, view.in_flight, view.vitals
+
+
+def _load(s: WorkerSettings) -> dict[str, dict[str, ModelHandler]]:
+    """The models of ``--model``, ``module:factory`` ones imported from ``--app-dir``."""
+    add_app_dir(s.app_dir)
+    return load_versions(s.models, s.max_batch_size, s.runtime_for, s.input_spec_for)
 
 
 #: ``_next_batch``'s "nothing yet": look at the held batches again.

@@ -27,6 +27,7 @@ NOT_CLIENTS = {
     "gateway": "a server: it starts with Redis down and answers 503 per request",
     "gateway hash-key": "makes a key locally",
     "gateway openapi": "prints the schema from code",
+    "models check": "loads a model locally, no broker (tests/unit/test_models_check.py)",
 }
 #: Arguments for commands whose placeholders would be refused before Redis is tried.
 ARGS: dict[str, tuple[str, ...]] = {

@@ -159,14 +159,24 @@ def test_the_client_imports_without_anything_heavy(slim: SlimVenv, tmp_path: Pat
                                 OverloadedError, RequestLostError, Result, UnknownModelError,
                                 ValidationError, WaitTimeoutError)
         import batchfleet.cli
+        from batchfleet import InvalidInputError, TensorSpec  # the handler API's light half
+        try:
+            from batchfleet import ModelHandler
+            handler = "imported"
+        except ImportError as exc:
+            handler = str(exc)
         heavy = {list(HEAVY)!r}
         print(json.dumps({{
             "installed": [m for m in heavy if importlib.util.find_spec(m) is not None],
             "loaded": sorted(m for m in sys.modules if m.partition(".")[0] in heavy),
-            "client": Client.__module__}}))
+            "client": Client.__module__, "spec": TensorSpec.parse("float32[2]").describe(),
+            "handler": handler}}))
     """)
     out = json.loads(_checked(_run(slim.python, "-c", probe, cwd=tmp_path, env=slim.env)))
-    assert out == {"installed": [], "loaded": [], "client": "batchfleet.producers.client"}
+    assert out.pop("handler").startswith(
+        "batchfleet.ModelHandler needs the worker extra: pip install 'batchfleet[worker]'")
+    assert out == {"installed": [], "loaded": [], "client": "batchfleet.producers.client",
+                   "spec": "float32[2]"}
 
 
 def test_an_app_with_its_own_schemas_package_imports_both(slim: SlimVenv,

@@ -16,6 +16,7 @@ from batchfleet.cli import app
 from batchfleet.cli_gateway import OPTIONS as GATEWAY_OPTIONS
 from batchfleet.producers.gateway.settings import GatewaySettings, ServeSettings
 from batchfleet.schemas.settings import (
+    APP_DIR,
     BROKER,
     CALLBACK_ALLOW_NETS,
     CALLBACK_HOSTS,
@@ -51,7 +52,7 @@ READS_ENV = {
 DECLARED = {"--broker": (BROKER,), "--results": (RESULTS, WEBHOOK_RESULTS),
             "--namespace": (NAMESPACE,), "--callback-schemes": (CALLBACK_SCHEMES,),
             "--callback-hosts": (CALLBACK_HOSTS,),
-            "--callback-allow-nets": (CALLBACK_ALLOW_NETS,)}
+            "--callback-allow-nets": (CALLBACK_ALLOW_NETS,), "--app-dir": (APP_DIR,)}
 
 
 def _below_the_cli() -> list[Path]:

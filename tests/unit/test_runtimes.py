@@ -111,6 +111,10 @@ def test_a_user_onnx_file_loads_and_quantizes(tmp_path: Path) -> None:
     assert fp32.version.split("/")[0] == int8.version.split("/")[0] != eager.version
     with pytest.raises(ConfigError, match="compile needs a torch model"):
         load_model(f"scorer={path}", 8, RuntimeChoice("compile"))
+    # --input-spec: the file's own spec may be restated, not contradicted
+    assert load_model(f"scorer={path}", 8, input_spec=TensorSpec("float32", (10,))).input_spec
+    with pytest.raises(ConfigError, match=r"takes float32\[10\]; --input-spec float32\[9\]"):
+        load_model(f"scorer={path}", 8, input_spec=TensorSpec("float32", (9,)))
 
 
 def test_int8_weights_cannot_saturate_the_avx2_kernel(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """Model handlers: built-ins, user-supplied modules and TorchScript / torch.export files."""
 
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.workers.models.builtin import BUILTIN_MODELS, build_encoder, build_mlp
 from batchfleet.workers.models.handler import (
     ModelHandler,
-    TensorSpec,
     TorchModuleHandler,
     check_inputs,
     validate_request,

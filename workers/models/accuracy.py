@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from batchfleet.schemas.errors import ConfigError
-from batchfleet.workers.models.handler import TensorSpec
+from batchfleet.schemas.tensor_spec import TensorSpec
 
 #: At least this many rows are compared (the issue's floor).
 CALIBRATION_ROWS = 256

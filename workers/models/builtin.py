@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from batchfleet.schemas.errors import InvalidInputError
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.tensors import Tensors
-from batchfleet.workers.models.handler import TensorSpec, TorchModuleHandler
+from batchfleet.workers.models.handler import TorchModuleHandler
 
 MLP_SEED = 20240601
 ENCODER_SEED = 20240602

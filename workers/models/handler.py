@@ -1,13 +1,13 @@
-"""The model handler contract and the handler that wraps any ``torch.nn.Module``.
+"""The model handler contract (public) and the handler that wraps any ``torch.nn.Module``.
 
 A handler has explicit hooks, as in LitServe: ``setup(device)`` once, then per
-batch ``preprocess`` (collate requests into tensors on the device),
-``predict`` and ``postprocess`` (split back into one output per request). An
-optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
+batch ``preprocess`` (requests into what the model takes, on a thread of its own),
+``predict`` (on the device's thread) and ``postprocess`` (split back into one
+output per request). An optional ``input_spec`` lets the worker refuse a wrong dtype or shape per
 request before it can poison a batch, and an optional ``validate(inputs)`` hook
 refuses values the spec cannot express (a token ID past the vocabulary): both
 run at intake, one request at a time, so bad input fails alone and is never
-retried.
+retried. The user's guide to all of it: docs/models.md.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -28,25 +27,9 @@ from batchfleet.schemas.errors import (
     SchemaError,
     ValidationError,
 )
+from batchfleet.schemas.tensor_spec import TensorSpec  # also importable from here
 from batchfleet.schemas.tensors import Array, Tensors, signature
 from batchfleet.workers.models.staging import PinnedStaging
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """Dtype and per-request shape a model accepts (the batch dimension is not included)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    #: Computed once: intake compares every request's signature with it.
-    signature: tuple[Any, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "signature",
-                           (np.dtype(self.dtype).newbyteorder("<").str, self.shape))
-
-    def describe(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
 def check_inputs(spec: TensorSpec | None, inputs: Tensors) -> None:
@@ -104,28 +87,67 @@ def call_validate_hook(hook: Callable[[Tensors], object], inputs: Tensors) -> No
 
 @runtime_checkable
 class ModelHandler(Protocol):
-    """What a worker needs from a model. User factories may return one of these.
+    """What a worker needs from a model (public: ``from batchfleet import ModelHandler``).
 
-    Optionally a handler also has ``validate(self, inputs: Tensors) -> None``, called
-    at intake for each request, after the ``input_spec`` check and before it can join
-    a batch. It raises :class:`schemas.errors.InvalidInputError` to refuse input
-    outside the model's domain; the request then fails at once with a
-    ``validation_error`` and is never retried. ``preprocess`` and ``predict`` may
-    raise it too, for input only the model can judge: bisection pins it on the
-    request, which fails once and does not count against the model's breaker.
+    A factory given as ``--model NAME=module:factory`` returns one of these (or a plain
+    ``nn.Module``, wrapped in :class:`TorchModuleHandler`). Subclass it to inherit the
+    defaults below, or write any class with the same members. Every hook but ``setup``
+    and ``validate`` sees a whole batch (docs/models.md):
+
+    * ``setup(device)``: once, before serving: load weights, move them to ``device``;
+    * ``preprocess(inputs)``: the batch's requests (a list of arrays, or of dicts of
+      arrays) into whatever ``predict`` takes. It runs on a thread of its own *before*
+      the device is taken, so CPU work here (tokenising, decoding, resizing) neither
+      blocks the event loop nor holds the device; move tensors to the device in
+      ``predict``. (A handler whose ``preprocess`` itself copies to the device sets
+      ``preprocess_on_device = True``: it then runs in the compute thread.)
+    * ``predict(batch)``: the forward, on the compute thread that owns the device;
+    * ``postprocess(outputs, count)``: one output per request (``count`` of them);
+    * ``validate(inputs)`` (optional): one request's inputs at intake, after the
+      ``input_spec`` check and before it can join a batch. Raise
+      :class:`~batchfleet.schemas.errors.InvalidInputError` to refuse input outside the
+      model's domain: the request fails at once with a ``validation_error`` and is never
+      retried. ``preprocess`` and ``predict`` may raise it too, for input only the model
+      can judge: bisection pins it on the request, which fails once and does not count
+      against the model's breaker.
+
+    ``input_spec`` (a :class:`TensorSpec`, or None for no check) makes intake refuse a
+    request of another dtype or shape; ``output_spec`` (optional) is what ``batchfleet
+    models check`` holds the outputs to. ``version`` is stamped on every result.
     """
 
-    name: str
-    version: str
-    input_spec: TensorSpec | None
+    name: str = ""
+    version: str = "0"
+    input_spec: TensorSpec | None = None
 
-    def setup(self, device: torch.device) -> None: ...
+    def setup(self, device: torch.device) -> None:
+        """Load and place the model on ``device`` (default: nothing to do)."""
+        return None  # a body, so that subclasses need not write one (mypy: not abstract)
 
-    def preprocess(self, inputs: Sequence[Tensors]) -> Any: ...
+    def preprocess(self, inputs: Sequence[Tensors]) -> Any:
+        """Default: stack the requests into one CPU tensor (a dict of them for named
+        inputs)."""
+        return stack_rows(inputs)
 
     def predict(self, batch: Any) -> Any: ...
 
-    def postprocess(self, outputs: Any, count: int) -> list[Tensors]: ...
+    def postprocess(self, outputs: Any, count: int) -> list[Tensors]:
+        """Default: split a batched tensor (dict, tuple) into one output per request."""
+        return split_rows(outputs, count)
+
+
+def stack_rows(inputs: Sequence[Tensors]) -> Any:
+    """The requests of a batch as one tensor (or a dict of them), on the CPU."""
+    first = inputs[0]
+    if isinstance(first, dict):
+        return {key: torch.from_numpy(np.stack([x[key] for x in inputs]))
+                for key in first}
+    return torch.from_numpy(np.stack(inputs))  # type: ignore[arg-type]
+
+
+def preprocess_on_device(handler: ModelHandler) -> bool:
+    """Whether ``handler.preprocess`` copies to the device (so runs in the compute thread)."""
+    return bool(getattr(handler, "preprocess_on_device", False))
 
 
 def weights_version(module: torch.nn.Module) -> str:
@@ -170,7 +192,11 @@ class TorchModuleHandler:
     On CUDA, requests are stacked into pinned host buffers (two, used in turn, so
     the next batch's copy never overwrites one still in flight) and moved with
     ``non_blocking=True``. ``autocast`` picks a reduced precision on CUDA only.
+    Collating is a copy to the device, ordered with its work: ``preprocess`` runs in
+    the compute thread.
     """
+
+    preprocess_on_device = True
 
     def __init__(
         self,

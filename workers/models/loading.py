@@ -4,7 +4,9 @@ Accepted forms:
 
 * ``demo-mlp`` / ``demo-encoder``: a built-in model under its own name;
 * ``NAME=demo-mlp``: a built-in under another name; ``demo-mlp:seed=N`` draws other weights;
-* ``NAME=package.module:factory``: a factory returning a handler or an ``nn.Module``;
+* ``NAME=package.module:factory``: a factory returning a handler or an ``nn.Module``,
+  imported with the working directory (or ``--app-dir``) first on ``sys.path``, as
+  ``python -m`` and uvicorn do: a console script's own path is its ``bin/`` folder;
 * ``NAME=path/to/model.pt``: TorchScript (``torch.jit.save``) or ``torch.export`` (``.pt2``);
 * ``NAME=path/to/model.onnx``: an ONNX file, run by ONNX Runtime (fp32, or int8 through
   ``--precision int8``), gated against its own fp32 outputs.
@@ -15,8 +17,10 @@ unlabelled spec is ``default``. :func:`load_versions` returns ``{model: {label:
 handler}}`` in the order given; each version gets its own ``RuntimeChoice``
 (``--runtime MODEL@LABEL=onnx``).
 
-Each handler is then wrapped for its :class:`RuntimeChoice` (``--runtime``,
-``--precision``; see :mod:`.runtimes`).
+A model that cannot say what it takes (a plain module, a ``.pt``/``.pt2`` file) gets
+its ``--input-spec`` here, so intake refuses a wrong dtype or shape instead of the
+forward failing (retried, then the DLQ). Each handler is then wrapped for its
+:class:`RuntimeChoice` (``--runtime``, ``--precision``; see :mod:`.runtimes`).
 
 Every failure here is a :class:`ConfigError` raised at start-up, so a worker
 never starts serving a model it could not load.
@@ -25,6 +29,8 @@ never starts serving a model it could not load.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +42,27 @@ from batchfleet.schemas.envelopes import check_version_label
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import check_model_name
 from batchfleet.schemas.registry import DEFAULT_LABEL
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.workers.models.builtin import BUILTIN_MODELS
 from batchfleet.workers.models.handler import ModelHandler, TorchModuleHandler
 from batchfleet.workers.models.runtimes import RuntimeChoice, RuntimeHandler, apply_runtime
 
 #: Per-version runtime choice, by model name and version label.
 ChoiceFor = Callable[[str, str], RuntimeChoice]
+#: Per-version ``--input-spec``, by model name and version label (None: not given).
+SpecFor = Callable[[str, str], TensorSpec | None]
+
+
+def add_app_dir(app_dir: str | Path | None = None) -> str:
+    """Put ``app_dir`` (default: the working directory) first on ``sys.path``, once, so a
+    ``module:factory`` beside the user's files imports with no ``PYTHONPATH``. Returns
+    the directory added."""
+    path = str(Path(app_dir or os.getcwd()).resolve())
+    if app_dir and not Path(path).is_dir():
+        raise ConfigError(f"--app-dir {app_dir}: no such directory")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +115,30 @@ def builtin_source(source: str) -> tuple[str, int | None] | None:
 
 
 def load_model(spec: str, max_batch_size: int = 1024,
-               choice: RuntimeChoice | None = None) -> ModelHandler:
-    """The handler for one ``--model`` spec, wrapped for ``choice`` (default eager fp32)."""
+               choice: RuntimeChoice | None = None,
+               input_spec: TensorSpec | None = None) -> ModelHandler:
+    """The handler for one ``--model`` spec, wrapped for ``choice`` (default eager fp32).
+    ``input_spec`` (``--input-spec``) is what it takes where it does not say itself."""
     choice = choice or RuntimeChoice()
     name, source = parse_model_spec(spec)
     if source.endswith(".onnx"):
-        return _load_onnx(name, Path(source), choice, max_batch_size)
-    return apply_runtime(_load_eager(name, source, spec, max_batch_size), choice,
-                         max_batch_size)
+        onnx = _load_onnx(name, Path(source), choice, max_batch_size)
+        if input_spec is not None:  # a file whose dims after the batch axis are dynamic
+            declare_input(onnx, input_spec)
+        return onnx
+    handler = _load_eager(name, source, spec, max_batch_size)
+    if input_spec is not None:
+        declare_input(handler, input_spec)
+    return apply_runtime(handler, choice, max_batch_size)
+
+
+def declare_input(handler: ModelHandler, spec: TensorSpec) -> None:
+    """Give ``handler`` the input spec it lacks; refuse one that contradicts its own."""
+    own = handler.input_spec
+    if own is not None and own != spec:
+        raise ConfigError(f"model {handler.name!r} takes {own.describe()}; "
+                          f"--input-spec {spec.describe()} contradicts it")
+    handler.input_spec = spec
 
 
 def _load_eager(name: str, source: str, spec: str, max_batch_size: int) -> ModelHandler:
@@ -121,7 +158,8 @@ def _load_eager(name: str, source: str, spec: str, max_batch_size: int) -> Model
 
 
 def load_versions(specs: Sequence[str], max_batch_size: int = 1024,
-                  runtimes: ChoiceFor | None = None) -> dict[str, dict[str, ModelHandler]]:
+                  runtimes: ChoiceFor | None = None, input_specs: SpecFor | None = None
+                  ) -> dict[str, dict[str, ModelHandler]]:
     """``{model: {label: handler}}``, in the order given (a model's first label first)."""
     versions: dict[str, dict[str, ModelHandler]] = {}
     for spec in specs:
@@ -131,7 +169,8 @@ def load_versions(specs: Sequence[str], max_batch_size: int = 1024,
             what = "" if parsed.label == DEFAULT_LABEL else f" version {parsed.label!r}"
             raise ConfigError(f"model {parsed.name!r}{what} is given twice")
         choice = runtimes(parsed.name, parsed.label) if runtimes else None
-        labels[parsed.label] = load_model(spec, max_batch_size, choice)
+        given = input_specs(parsed.name, parsed.label) if input_specs else None
+        labels[parsed.label] = load_model(spec, max_batch_size, choice, given)
     if not versions:
         raise ConfigError("no models given: pass --model demo-mlp (or set BATCHFLEET_MODELS)")
     return versions
@@ -162,7 +201,8 @@ def _from_factory(name: str, source: str, max_batch_size: int) -> ModelHandler:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"model {name!r}: cannot import {source}: {exc}") from exc
+        raise ConfigError(f"model {name!r}: cannot import {source}: {exc} (a worker imports "
+                          "it from the working directory, or from --app-dir DIR)") from exc
     try:
         made: Any = factory()
     except Exception as exc:  # user code: any failure is a start-up error

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from batchfleet.schemas.errors import ConfigError
-from batchfleet.workers.models.handler import TensorSpec
+from batchfleet.schemas.tensor_spec import TensorSpec
 
 _ORT_TYPES = {
     "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",

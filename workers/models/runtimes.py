@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from batchfleet.schemas.errors import ConfigError, ValidationError
+from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.models import accuracy
 from batchfleet.workers.models.buckets import bucket_for, bucket_sizes, pad_rows, unpad_rows
-from batchfleet.workers.models.handler import ModelHandler, TensorSpec, TorchModuleHandler
+from batchfleet.workers.models.handler import ModelHandler, TorchModuleHandler
 from batchfleet.workers.models.onnx_runtime import OnnxSession, build_session, require_onnx
 
 RUNTIMES = ("eager", "compile", "onnx")
@@ -121,6 +122,9 @@ class RuntimeHandler:
     cut off before ``postprocess``), so the shapes warmed at start-up are the only
     shapes they ever run.
     """
+
+    #: Collation is the wrapped handler's copy to the device (``TorchModuleHandler``).
+    preprocess_on_device = True
 
     def __init__(self, base: TorchModuleHandler, choice: RuntimeChoice,
                  max_batch_size: int, *, onnx_file: Path | None = None) -> None:

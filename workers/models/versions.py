@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from batchfleet.connectors.model_registry import served_version
+from batchfleet.connectors.model_registry import ModelRegistry, served_version
 from batchfleet.schemas.registry import ModelVersion
 from batchfleet.workers.models.handler import ModelHandler
 
@@ -63,3 +63,22 @@ def registry_versions(versions: Versions) -> dict[str, list[ModelVersion]]:
     """What the worker asserts in the model registry: each held version under its label."""
     return {m: [served_version(h, label) for label, h in labels.items()]
             for m, labels in versions.items()}
+
+
+async def adopt_declared_specs(versions: Versions, registry: ModelRegistry) -> list[str]:
+    """Give each version that cannot say what it takes (a plain module, a ``.pt`` file, no
+    ``--input-spec``) the input spec its model was declared with (``batchfleet models
+    declare``), so intake refuses what the forward would fail on. Returns the models
+    still without one: they are served unchecked, as before."""
+    unchecked: list[str] = []
+    for model, labels in versions.items():
+        if all(h.input_spec is not None for h in labels.values()):
+            continue
+        record = await registry.get(model)
+        declared = record.declared.input if record and record.declared else None
+        for handler in labels.values():
+            if handler.input_spec is None and declared is not None:
+                handler.input_spec = declared
+        if any(h.input_spec is None for h in labels.values()):
+            unchecked.append(model)
+    return unchecked
