@@ -1,0 +1,285 @@
+"""What a model version answered (and was asked), summarised a whole batch at a time.
+
+Pure code, shared by the worker (which summarises), the store (which merges) and the
+readers (CLI, gateway, guard). Every number here merges by addition, so a minute's
+window written by ten workers is exactly the sum of what each saw, and windows merge
+into any longer period the same way.
+
+* A **series** is one stream of float values: a small tensor pools all its elements
+  (``float32[1]`` is its one value; ``float32[10]`` its ten), a large one (more than
+  :data:`SMALL_ELEMENTS` elements per request) is summarised by two series, its L2 norm
+  (``NAME:norm``) and its first :data:`HEAD_ELEMENTS` elements (``NAME:head``), so an
+  embedding costs the same as a score.
+* Each series keeps count, NaN and Inf counts, the sum and sum of squares of the finite
+  values (mean and standard deviation), and a histogram over **fixed symmetric log
+  buckets** (:func:`buckets_of`): :data:`SUB_BUCKETS` per octave of ``|x|`` (about 4.4%
+  relative width) from :data:`TINY` to 2**40, and one bucket for ``|x| < TINY``. The
+  buckets never depend on the data, so any two windows merge; drift re-bins them into
+  the reference's quantiles (``connectors.output_drift``).
+* Classifier-like outputs (kind ``scores``: arg-max over the last axis; ``classes``:
+  the integer values) also count each class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+#: Output kinds ``--output-kind`` accepts.
+KINDS: Final = ("scores", "classes", "regression", "embedding")
+#: A tensor with more elements per request than this is summarised (norm and head).
+SMALL_ELEMENTS: Final = 32
+#: How many leading elements of a large tensor are kept as its ``:head`` series.
+HEAD_ELEMENTS: Final = 8
+#: Class IDs past this are counted as this one (a bounded number of hash fields).
+MAX_CLASSES: Final = 1024
+#: Buckets per octave of |x|.
+SUB_BUCKETS: Final = 16
+#: |x| below this falls in the zero bucket.
+TINY: Final = 1e-6
+_LO: Final = math.floor(math.log2(TINY) * SUB_BUCKETS)
+_HI: Final = 40 * SUB_BUCKETS
+#: Buckets are signed integers in -SPAN..SPAN, increasing with the value.
+SPAN: Final = _HI - _LO + 1
+
+Array = np.ndarray[Any, Any]
+
+
+def guess_kind(dtype: Any, shape: tuple[int, ...]) -> str:
+    """The default output kind from a per-request output's dtype and shape: integers are
+    ``classes``; one float ``regression``; a 1-D float vector of 2 to ``SMALL_ELEMENTS``
+    elements ``scores`` (arg-max shares are counted); anything larger ``embedding``."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iub":
+        return "classes"
+    size = math.prod(shape)
+    if size <= 1:
+        return "regression"
+    if len(shape) == 1 and size <= SMALL_ELEMENTS:
+        return "scores"
+    return "embedding"
+
+
+def buckets_of(values: Array) -> Array:
+    """Each value's bucket (NaN and Inf must be removed first): 0 for ``|x| < TINY``,
+    else ``sign(x) * (1 + octave index)``, monotone in ``x``."""
+    mag = np.abs(values)
+    with np.errstate(divide="ignore"):
+        k = np.floor(np.log2(np.maximum(mag, TINY)) * SUB_BUCKETS)
+    b = (np.clip(k, _LO, _HI) - _LO + 1).astype(np.int64)
+    b[mag < TINY] = 0
+    signed: Array = np.where(values < 0, -b, b)
+    return signed
+
+
+def bucket_value(b: int) -> float:
+    """A representative value of bucket ``b`` (its middle on the log scale)."""
+    if b == 0:
+        return 0.0
+    mag = float(2.0 ** ((abs(b) - 1 + _LO + 0.5) / SUB_BUCKETS))
+    return mag if b > 0 else -mag
+
+
+@dataclass(slots=True)
+class SeriesStats:
+    """One series' counts; :meth:`merge` adds another's (any worker, any window)."""
+
+    count: int = 0
+    nan: int = 0
+    inf: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    buckets: dict[int, int] = field(default_factory=dict)
+    classes: dict[int, int] = field(default_factory=dict)
+
+    def merge(self, other: SeriesStats) -> None:
+        self.count += other.count
+        self.nan += other.nan
+        self.inf += other.inf
+        self.total += other.total
+        self.squares += other.squares
+        for b, n in other.buckets.items():
+            self.buckets[b] = self.buckets.get(b, 0) + n
+        for c, n in other.classes.items():
+            self.classes[c] = self.classes.get(c, 0) + n
+
+    @property
+    def finite(self) -> int:
+        return self.count - self.nan - self.inf
+
+    @property
+    def nan_rate(self) -> float | None:
+        return self.nan / self.count if self.count else None
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.finite if self.finite else None
+
+    @property
+    def std(self) -> float | None:
+        n = self.finite
+        if not n:
+            return None
+        mean = self.total / n
+        return math.sqrt(max(self.squares / n - mean * mean, 0.0))
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0 < q <= 1) of the finite values, to a bucket."""
+        n = sum(self.buckets.values())
+        if not n:
+            return None
+        rank, seen = max(1, math.ceil(q * n)), 0
+        for b in sorted(self.buckets):
+            seen += self.buckets[b]
+            if seen >= rank:
+                return bucket_value(b)
+        return bucket_value(max(self.buckets))
+
+
+def summarise(values: Array, classes: Array | None = None) -> SeriesStats:
+    """One batch of one series (any shape; every element counts), vectorised: a few numpy
+    calls whatever the batch size. ``classes``: class IDs to count (one per request)."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    nan_mask = np.isnan(flat)
+    inf_mask = np.isinf(flat)
+    nan, inf = int(nan_mask.sum()), int(inf_mask.sum())
+    finite = flat[~(nan_mask | inf_mask)] if nan or inf else flat
+    counts = np.bincount(buckets_of(finite) + SPAN, minlength=0)
+    hit = np.flatnonzero(counts)
+    out = SeriesStats(count=int(flat.size), nan=nan, inf=inf, total=float(finite.sum()),
+                      squares=float(np.dot(finite, finite)),
+                      buckets=dict(zip((hit - SPAN).tolist(), counts[hit].tolist(),
+                                       strict=True)))
+    if classes is not None and classes.size:
+        ids = np.clip(np.asarray(classes, dtype=np.int64).ravel(), 0, MAX_CLASSES)
+        per = np.bincount(ids)
+        got = np.flatnonzero(per)
+        out.classes = dict(zip(got.tolist(), per[got].tolist(), strict=True))
+    return out
+
+
+def series_of(name: str, rows: Array, kind: str | None) -> dict[str, SeriesStats]:
+    """A batch of one tensor (``rows``: the requests stacked on axis 0) as its series;
+    ``kind`` None for inputs (no class shares)."""
+    n = rows.shape[0] if rows.ndim else 1
+    per = rows.reshape(n, -1) if rows.ndim else rows.reshape(1, 1)
+    classes: Array | None = None
+    if kind == "scores" and per.shape[1] > 1:
+        filled = np.nan_to_num(per.astype(np.float64, copy=False), nan=-np.inf)
+        classes = np.argmax(filled, axis=1)
+    elif kind == "classes" and np.dtype(per.dtype).kind in "iub":
+        classes = per[:, 0]
+    base = name or "output"
+    if per.shape[1] <= SMALL_ELEMENTS:
+        return {base: summarise(per, classes)}
+    as_float = per.astype(np.float64, copy=False)
+    return {f"{base}:norm": summarise(np.sqrt(np.einsum("ij,ij->i", as_float, as_float)),
+                                      classes),
+            f"{base}:head": summarise(as_float[:, :HEAD_ELEMENTS])}
+
+
+@dataclass(slots=True)
+class Summary:
+    """One side (outputs or inputs) of one version: its series, and the requests counted."""
+
+    rows: int = 0
+    series: dict[str, SeriesStats] = field(default_factory=dict)
+
+    def merge(self, other: Summary) -> None:
+        self.rows += other.rows
+        for name, stats in other.series.items():
+            self.series.setdefault(name, SeriesStats()).merge(stats)
+
+    def add(self, rows: int, series: Mapping[str, SeriesStats]) -> None:
+        self.rows += rows
+        for name, stats in series.items():
+            self.series.setdefault(name, SeriesStats()).merge(stats)
+
+    @property
+    def empty(self) -> bool:
+        return self.rows == 0
+
+    def primary(self) -> tuple[str, SeriesStats] | None:
+        """The series the one-line view shows: the first by name (a single tensor's only
+        one; a large one's ``:head`` sorts before ``:norm``, so prefer ``:norm``)."""
+        if not self.series:
+            return None
+        names = sorted(self.series, key=lambda s: (s.endswith(":head"), s))
+        return names[0], self.series[names[0]]
+
+
+def summarise_batch(tensors: list[Any], kind: str | None) -> Summary:
+    """The requests of one batch (each one's tensors: an array or a dict of arrays) as a
+    :class:`Summary`: one ``np.stack`` per tensor, then :func:`series_of`."""
+    out = Summary(rows=len(tensors))
+    if not tensors:
+        return out
+    first = tensors[0]
+    if isinstance(first, dict):
+        for name in sorted(first):
+            rows = np.stack([np.asarray(t[name]) for t in tensors])
+            out.series.update(series_of(name, rows, kind))
+    else:
+        out.series.update(series_of("", np.stack(tensors), kind))
+    return out
+
+
+# --- the wire form: flat hash fields ----------------------------------------------------
+
+
+def to_fields(summary: Summary) -> tuple[dict[str, int], dict[str, float]]:
+    """(integer fields, float fields) to add into a stored hash: ``rows``, then per
+    series ``{s}|n``, ``|nan``, ``|inf``, ``|b{bucket}``, ``|k{class}``, ``|sum``, ``|sq``."""
+    ints: dict[str, int] = {"rows": summary.rows}
+    floats: dict[str, float] = {}
+    for s, st in summary.series.items():
+        ints[f"{s}|n"] = st.count
+        if st.nan:
+            ints[f"{s}|nan"] = st.nan
+        if st.inf:
+            ints[f"{s}|inf"] = st.inf
+        for b, n in st.buckets.items():
+            ints[f"{s}|b{b}"] = n
+        for c, n in st.classes.items():
+            ints[f"{s}|k{c}"] = n
+        floats[f"{s}|sum"] = st.total
+        floats[f"{s}|sq"] = st.squares
+    return ints, floats
+
+
+def from_fields(raw: Mapping[Any, Any]) -> Summary:
+    """The inverse of :func:`to_fields` (fields it does not know are ignored)."""
+    out = Summary()
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else str(key)
+        v = value.decode() if isinstance(value, bytes) else str(value)
+        if k == "rows":
+            out.rows = int(v)
+            continue
+        s, sep, what = k.rpartition("|")
+        if not sep:
+            continue
+        st = out.series.setdefault(s, SeriesStats())
+        if what == "n":
+            st.count = int(v)
+        elif what == "nan":
+            st.nan = int(v)
+        elif what == "inf":
+            st.inf = int(v)
+        elif what == "sum":
+            st.total = float(v)
+        elif what == "sq":
+            st.squares = float(v)
+        elif what[:1] == "b" and _is_int(what[1:]):
+            st.buckets[int(what[1:])] = int(v)
+        elif what[:1] == "k" and what[1:].isdigit():
+            st.classes[int(what[1:])] = int(v)
+    return out
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
