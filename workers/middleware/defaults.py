@@ -17,6 +17,7 @@ from batchfleet.workers.middleware.fleet import HeartbeatLoop, RetryPumpLoop
 from batchfleet.workers.middleware.health import HealthEndpoint
 from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
 from batchfleet.workers.middleware.result_cache import result_cache
@@ -59,6 +60,9 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     versions = VersionStats(metrics, policies)
     chain += [versions, Shadow(metrics, policies, versions, budget=s.shadow_budget),
               RolloutGuard(metrics, policies)]
+    if s.output_stats:  # what each version answers (docs/monitoring.md)
+        chain.append(OutputStats(s.output_kind, s.stats_window_s, s.stats_keep_s,
+                                 metrics=metrics))
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:
