@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import structlog
 
-from batchfleet.connectors.output_report import read_rows
+from batchfleet.connectors.output_report import VersionRow, read_rows
 from batchfleet.connectors.output_stats import Flush, window_start
 from batchfleet.connectors.output_summary import Summary, guess_kind, summarise_batch
 from batchfleet.schemas.errors import BatchfleetError
@@ -185,14 +185,17 @@ class OutputStats(Middleware):
             except BatchfleetError as exc:
                 log.info("output drift not read", model=model, error=str(exc))
                 continue
-            for row in rows:
-                side = row.outputs
-                if side.count:
-                    m.output_nan_ratio.labels(model, row.version).set(
-                        side.nan_count / side.count)
-                for stat, value in side.drift.items():
-                    if value is not None:
-                        m.output_drift.labels(model, row.version, stat).set(value)
-                for stat, value in row.inputs.drift.items():
-                    if value is not None:
-                        m.output_drift.labels(model, row.version, f"input_{stat}").set(value)
+            publish(m, model, rows)
+
+
+def publish(m: WorkerMetrics, model: str, rows: list[VersionRow]) -> None:
+    """Set a model's gauges from its rows: ``batchfleet_output_nan_ratio``, and
+    ``batchfleet_output_drift`` per stat (inputs' as ``input_psi``, ``input_ks``, ...)."""
+    for row in rows:
+        side = row.outputs
+        if side.count:
+            m.output_nan_ratio.labels(model, row.version).set(side.nan_count / side.count)
+        for prefix, drifts in (("", side.drift), ("input_", row.inputs.drift)):
+            for stat, value in drifts.items():
+                if value is not None:
+                    m.output_drift.labels(model, row.version, prefix + stat).set(value)
