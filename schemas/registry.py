@@ -157,13 +157,22 @@ class Serving:
 
 @dataclass(frozen=True, slots=True)
 class GuardThresholds:
-    """When the automatic rollback guard reverts a canary: its error rate above stable's
-    by ``error_points`` percentage points, or its p99 compute above ``p99_ratio`` times
-    stable's, judged only once the canary has at least ``min_window`` requests."""
+    """When the automatic rollback guard reverts a canary, each only on significant
+    evidence (docs/rollout.md, "How the guard decides"): its error rate above stable's by
+    more than ``error_points`` percentage points, or its p99 compute above ``p99_ratio``
+    times stable's, judged once the canary has at least ``min_window`` requests. The
+    output checks are off unless set: ``psi`` (its outputs' PSI against stable's above
+    this) and ``nan_points`` (its NaN rate above stable's by more than this many points).
+    ``agreement`` (0-1) is no rollback: a version whose recorded shadow arg-max agreement
+    with stable is below it is refused as canary or promotion unless forced. The three
+    optional keys are written only when set, so older readers and records are unchanged."""
 
     error_points: float = 5.0
     p99_ratio: float = 2.0
     min_window: int = 200
+    psi: float | None = None
+    nan_points: float | None = None
+    agreement: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.error_points <= 100.0:
@@ -173,16 +182,31 @@ class GuardThresholds:
             raise ValidationError(f"guard p99 ratio {self.p99_ratio} must be above 1")
         if self.min_window < 1:
             raise ValidationError(f"guard window {self.min_window} must be at least 1 request")
+        if self.psi is not None and not self.psi > 0.0:
+            raise ValidationError(f"guard PSI {self.psi} must be above 0 (0 turns it off)")
+        if self.nan_points is not None and not 0.0 < self.nan_points <= 100.0:
+            raise ValidationError(
+                f"guard NaN delta {self.nan_points} must be in (0, 100] points (0 turns it off)")
+        if self.agreement is not None and not 0.0 < self.agreement <= 1.0:
+            raise ValidationError(f"guard agreement {self.agreement} must be in (0, 1] "
+                                  "(a share of requests; 0 turns it off)")
 
     def to_wire(self) -> dict[str, Any]:
-        return {"error_points": self.error_points, "p99_ratio": self.p99_ratio,
-                "min_window": self.min_window}
+        wire: dict[str, Any] = {"error_points": self.error_points,
+                                "p99_ratio": self.p99_ratio, "min_window": self.min_window}
+        for key, value in (("psi", self.psi), ("nan_points", self.nan_points),
+                           ("agreement", self.agreement)):
+            if value is not None:
+                wire[key] = value
+        return wire
 
     @classmethod
     def from_wire(cls, obj: Any) -> GuardThresholds:
         if obj is None:
             return cls()
-        return cls(float(obj["error_points"]), float(obj["p99_ratio"]), int(obj["min_window"]))
+        return cls(float(obj["error_points"]), float(obj["p99_ratio"]), int(obj["min_window"]),
+                   *(None if obj.get(k) is None else float(obj[k])
+                     for k in ("psi", "nan_points", "agreement")))
 
 
 @dataclass(frozen=True, slots=True)

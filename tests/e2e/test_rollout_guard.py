@@ -61,8 +61,10 @@ async def test_a_canary_failing_one_in_five_is_rolled_back_once_with_why(
         assert [(h.who, h.action) for h in history[:2]] == [("guard", "rollback"),
                                                              ("test", "set")]
         why = history[0].why
-        assert why.startswith("canary error rate ") and " vs stable 0.0% over " in why, why
-        judged = int(why.rsplit(" over ", 1)[1].split()[0])
+        # the test, its numbers and both sample sizes
+        assert why.startswith("canary error rate ") and " vs stable 0.0% (0 of " in why, why
+        assert "two-proportion z = " in why and "(one-sided alpha 0.001)" in why, why
+        judged = int(why.split("% (", 1)[1].split(" of ")[1].split(")")[0])
         assert judged >= WINDOW
         rate = float(why.removeprefix("canary error rate ").split("%")[0])
         assert rate >= 5.0, why

@@ -1,5 +1,6 @@
-"""Pure parts of rollout stats: the mergeable latency histogram, output comparison and
-the guard's verdict (the Redis side: tests/integration/test_rollout_stats.py)."""
+"""Pure parts of rollout stats: the mergeable latency histogram and output comparison
+(the guard's verdicts: test_rollout_verdicts.py; the Redis side:
+tests/integration/test_rollout_stats.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,10 @@ import pytest
 from batchfleet.connectors.rollout_stats import (
     LATENCY_BOUNDS_MS,
     Histogram,
-    RoleStats,
     bound_of,
     bucket_of,
     compare_outputs,
 )
-from batchfleet.schemas.registry import GuardThresholds, RolloutPolicy
-from batchfleet.workers.middleware.rollout_guard import guard_verdict
 
 pytestmark = pytest.mark.unit
 
@@ -57,21 +55,4 @@ def test_compare_outputs() -> None:
     assert compare_outputs(np.ones(2), np.ones(3)) is None  # not comparable: an error
 
 
-def _stats(requests: int, errors: int, ms: float = 1.0, batches: int = 30) -> RoleStats:
-    hist = Histogram()
-    hist.add(ms, batches)
-    return RoleStats(requests, errors, hist)
-
-
-def test_guard_verdict() -> None:
-    policy = RolloutPolicy("v1", canary="v2", percent=20,
-                           guard=GuardThresholds(error_points=5, p99_ratio=2, min_window=500))
-    assert guard_verdict(policy, _stats(2000, 0), _stats(499, 200)) is None  # window not full
-    assert guard_verdict(policy, _stats(2000, 0), _stats(500, 105)) == (
-        "canary error rate 21.0% vs stable 0.0% over 500 requests")
-    assert guard_verdict(policy, _stats(2000, 40), _stats(500, 30)) is None  # 6% vs 2%: 4 pts
-    slow = guard_verdict(policy, _stats(2000, 0, ms=1.0), _stats(500, 0, ms=5.0))
-    assert slow is not None and slow.startswith("canary p99 compute ")
-    few = guard_verdict(policy, _stats(2000, 0, ms=1.0), _stats(500, 0, ms=5.0, batches=3))
-    assert few is None  # a p99 over three batches is one slow batch
-    assert guard_verdict(RolloutPolicy("v1"), _stats(10, 0), _stats(10_000, 9_000)) is None
+# The guard's verdicts: tests/unit/test_rollout_verdicts.py.

@@ -1,14 +1,17 @@
 """The automatic rollback guard: a canary that misbehaves is rolled back by itself.
 
 Every worker runs the check (no leader to elect or lose): every ``every_s`` it reads
-the fleet-merged per-version stats of each of its models with a canary, and when the
-policy's thresholds (``GuardThresholds``) are crossed over at least ``min_window``
-canary requests, it calls ``rollback(..., who="guard", if_canary=canary)``. That call
-is a compare-and-set on the policy epoch that does nothing once the canary changed,
-so however many workers decide at once, one rollback happens, and only the worker
-whose call changed the policy logs it and counts it
-(``batchfleet_rollout_auto_rollbacks_total``). Stats of another epoch than the
-policy's are never judged: the rollout is measured over its own traffic.
+the fleet-merged per-version stats of each of its models with a canary and judges them
+with the tests of :mod:`batchfleet.workers.rollout_verdicts` (significance as well as
+the policy's thresholds, ``GuardThresholds``), plus the output checks over an
+:class:`~batchfleet.workers.rollout_evidence.EvidenceSource` when one is given. A
+failing test calls ``rollback(..., who="guard", if_canary=canary)``: a compare-and-set
+on the policy epoch that does nothing once the canary changed, so however many workers
+decide at once, one rollback happens, and only the worker whose call changed the
+policy logs it and counts it (``batchfleet_rollout_auto_rollbacks_total``). Stats of
+another epoch than the policy's are never judged: the rollout is measured over its own
+traffic. The stats count requests wherever the canary runs, so a canary on a separate
+worker pool is judged the same way by every worker of the model.
 """
 
 from __future__ import annotations
@@ -25,44 +28,49 @@ from batchfleet.schemas.registry import RolloutPolicy
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Middleware
 from batchfleet.workers.middleware.rollout_stats import PolicyCache
+from batchfleet.workers.rollout_evidence import EvidenceSource, OutputEvidence
+from batchfleet.workers.rollout_verdicts import (
+    Streak,
+    error_verdict,
+    latency_excess,
+    latency_judgeable,
+    output_verdict,
+)
 
 if TYPE_CHECKING:
     from batchfleet.workers.context import WorkerContext
 
 log = structlog.get_logger("batchfleet.worker")
 
-#: Latency is judged only once both versions have this many batches (a p99 of a few
-#: batches is one slow batch).
-MIN_BATCHES_FOR_P99 = 20
 
-
-def guard_verdict(policy: RolloutPolicy, stable: RoleStats, canary: RoleStats) -> str | None:
-    """Why the canary must be rolled back, or None while it is within the thresholds."""
-    g = policy.guard
-    if policy.canary is None or canary.requests < g.min_window:
+def guard_verdict(policy: RolloutPolicy, stable: RoleStats, canary: RoleStats,
+                  evidence: tuple[OutputEvidence, OutputEvidence] | None = None
+                  ) -> str | None:
+    """Why the canary must be rolled back at once (errors, outputs), or None; latency
+    needs a streak of evaluations and is judged by :class:`RolloutGuard` itself."""
+    if policy.canary is None:
         return None
-    points = (canary.error_rate - stable.error_rate) * 100.0
-    if points > g.error_points:
-        return (f"canary error rate {canary.error_rate:.1%} vs stable {stable.error_rate:.1%} "
-                f"over {canary.requests} requests")
-    if min(canary.latency.total, stable.latency.total) >= MIN_BATCHES_FOR_P99:
-        c99, s99 = canary.latency.percentile(0.99), stable.latency.percentile(0.99)
-        if c99 is not None and s99 and c99 > g.p99_ratio * s99:
-            return (f"canary p99 compute {c99:.2f} ms vs stable {s99:.2f} ms "
-                    f"({c99 / s99:.1f}x, limit {g.p99_ratio:g}x) over {canary.requests} "
-                    "requests")
-    return None
+    return error_verdict(policy.guard, stable, canary) or output_verdict(policy.guard,
+                                                                         evidence)
 
 
 class RolloutGuard(Middleware):
     def __init__(self, metrics: WorkerMetrics, policies: PolicyCache,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0, evidence: EvidenceSource | None = None) -> None:
         self._metrics = metrics
         self._policies = policies
         self._every_s = every_s
+        #: Output evidence (PSI, NaN rates); None: those checks are skipped (logged once).
+        self._evidence = evidence
+        self._said_no_evidence = False
         self._ctx: WorkerContext | None = None
+        #: Latency streaks and epoch start times, per (model, policy epoch).
+        self._streaks: dict[tuple[str, int], Streak] = {}
+        self._since: dict[tuple[str, int], float] = {}
         #: Rollbacks this worker made: (model, epoch it wrote, why).
         self.rollbacks: list[tuple[str, int, str]] = []
+        #: Judgements made with both versions past the latency minimums (tests read it).
+        self.latency_judged = 0
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
@@ -79,23 +87,56 @@ class RolloutGuard(Middleware):
                 log.info("rollout guard check skipped", error=str(exc))
 
     async def check(self) -> None:
-        """Judge every model with a canary once; roll back those past their thresholds."""
+        """Judge every model with a canary once; roll back those that fail a test."""
         ctx = self._ctx
         assert ctx is not None
         await self._policies.refresh(ctx)
         stats = ctx.plane.rollout_stats
+        live: set[tuple[str, int]] = set()
         for model, policy in sorted(self._policies.policies.items()):
             if policy.canary is None:
                 continue
+            live.add((model, policy.epoch))
             found = await stats.read_versions(model, (policy.stable, policy.canary))
             stable, canary = found[policy.stable], found[policy.canary]
             if canary.epoch != policy.epoch:
                 continue  # nothing measured under this policy yet
             # stable's record from an older epoch is not this rollout's baseline: none then
-            baseline = stable.role("stable" if stable.epoch == policy.epoch else "-")
-            why = guard_verdict(policy, baseline, canary.role("canary"))
+            base = stable.role("stable" if stable.epoch == policy.epoch else "-")
+            can = canary.role("canary")
+            why = guard_verdict(policy, base, can, await self._output_evidence(model, policy))
+            if why is None:
+                excess = latency_excess(policy.guard, base, can)
+                self.latency_judged += latency_judgeable(policy.guard, base, can)
+                streak = self._streaks.setdefault((model, policy.epoch), Streak())
+                why = streak.observe(can.latency.total, excess)
             if why is not None:
                 await self._roll_back(ctx, model, policy, why)
+        for key in set(self._streaks) - live:  # epochs gone: forget their state
+            del self._streaks[key]
+        for key in set(self._since) - live:
+            del self._since[key]
+
+    async def _output_evidence(self, model: str, policy: RolloutPolicy
+                               ) -> tuple[OutputEvidence, OutputEvidence] | None:
+        """Output evidence since the epoch began, when the policy asks for output checks."""
+        g = policy.guard
+        if g.psi is None and g.nan_points is None:
+            return None
+        if self._evidence is None:
+            if not self._said_no_evidence:
+                self._said_no_evidence = True
+                log.warning("rollout guard: no output statistics on this worker; the PSI "
+                            "and NaN checks are skipped", model=model)
+            return None
+        assert self._ctx is not None and policy.canary is not None
+        key = (model, policy.epoch)
+        if key not in self._since:
+            changes = await self._ctx.plane.models.history(model, 1)
+            self._since[key] = (changes[0].at if changes and changes[0].policy.epoch
+                                == policy.epoch else 0.0)
+        return await self._evidence.output_evidence(model, policy.canary, policy.stable,
+                                                    self._since[key])
 
     async def _roll_back(self, ctx: WorkerContext, model: str, policy: RolloutPolicy,
                          why: str) -> None:
