@@ -29,7 +29,9 @@ from batchfleet.schemas.registry import DEFAULT_LABEL
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
+from batchfleet.workers.output_evidence import evidence_of
 from batchfleet.workers.per_model import PerModel
+from batchfleet.workers.rollout_evidence import OutputEvidence
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
@@ -70,7 +72,8 @@ def _first_array(t: Tensors) -> Any:
 
 
 class OutputStats(Middleware):
-    """Summarises each version's outputs and inputs and flushes them into time windows."""
+    """Summarises each version's outputs and inputs and flushes them into time windows;
+    also the rollout guard's ``EvidenceSource`` (it reads the same windows back)."""
 
     def __init__(self, kinds: PerModel[str | None] | None = None, window_s: int = 60,
                  keep_s: int = 24 * 3600, every_s: float = 2.0,
@@ -173,6 +176,15 @@ class OutputStats(Middleware):
         while True:
             await asyncio.sleep(self._report_every_s)
             await self.report()
+
+    async def output_evidence(self, model: str, canary: str, stable: str,
+                              since_unix_s: float
+                              ) -> tuple[OutputEvidence, OutputEvidence] | None:
+        """The canary's and stable's fleet-merged outputs since ``since_unix_s``."""
+        if self._ctx is None:
+            return None
+        live = await self._ctx.plane.output_stats.read(model, since_unix_s)
+        return evidence_of(live, canary, stable)
 
     async def report(self) -> None:
         """Set the drift gauges from the fleet-merged rows of this worker's models."""
