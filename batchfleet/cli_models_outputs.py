@@ -83,8 +83,8 @@ def outputs(
     output: OutputOpt = "table", no_headers: NoHeadersOpt = False, as_json: JsonOpt = False,
 ) -> None:
     """One row per version: values counted, NaN rate, mean, p50, p99, and drift (PSI, KS)
-    against its reference (its baseline; else, for a canary or shadow, stable over the same
-    period; else none). Drift stays empty until both sides hold 2,000 values.
+    against its reference (its baseline; else, for any version but stable, stable over the
+    same period; else none). Drift stays empty until both sides hold 2,000 values.
 
     Examples:
 

@@ -3,8 +3,9 @@ its reference (``models outputs``, ``GET /v1/models/{model}/outputs``, the Prome
 gauges and the rollout guard's evidence all read this).
 
 The reference of a version, in order: its frozen baseline (``models baseline``); else,
-for a canary or a shadow, the stable version's live statistics over the same period
-(the same traffic, the same windows); else none, and its drift is null.
+for any version but the stable one (a canary, a shadow, a version requests pin), the
+stable version's live statistics over the same period (the same windows); else none
+(stable without a baseline), and its drift is null.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def reference_of(label: str, role: str, policy: RolloutPolicy | None,
     """Which reference a version's side is judged against, and its statistics."""
     if label in baselines:
         return "baseline", baselines[label].sides.get(side, Summary())
-    if role in ("canary", "shadow") and policy is not None and policy.stable != label:
-        return "stable", live.get((policy.stable, side), Summary())
+    stable = policy.stable if policy is not None else DEFAULT_LABEL
+    if role != "stable" and stable != label:
+        return "stable", live.get((stable, side), Summary())
     return None, None
 
 

@@ -155,6 +155,18 @@ def cache_table(report: dict[str, Any]) -> str:
             + table(("bulk job", "wall s", "rows/s"), rows))
 
 
+def stats_cost_table(report: dict[str, Any]) -> str:
+    c = report.get("stats_cost") or {}
+    if c.get("skipped"):
+        return f"Output statistics cost row skipped: {c['skipped']}"
+    rows = [(side, ", ".join(_fmt(x) for x in c[f"{side}_rps"]), _fmt(c[f"{side}_median_rps"]))
+            for side in ("off", "on")]
+    return (f"demo-mlp over {c['transport']}, closed loop, alternating off/on, "
+            f"{c['rounds']} rounds; cost {c['cost']:.2%} of throughput (limit "
+            f"{c['limit']:.0%}).\n\n" + table(("output statistics", "req/s per run", "median"),
+                                            rows))
+
+
 def sweep_table(report: dict[str, Any]) -> str:
     rows = [(p["max_batch_size"], _fmt(p["max_wait_ms"], 0), _fmt(p["throughput_rps"]),
              f"{p['load']:.0%} {p.get('submit_mode', 'per-request')}",
@@ -211,6 +223,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         sections += ["\n## Sweep: SLO row (fleet-side latency)\n", slo_table(report)]
     if report.get("cache_bulk"):
         sections += ["\n## Cache bulk row\n", cache_table(report)]
+    if report.get("stats_cost"):
+        sections += ["\n## Output statistics: cost\n", stats_cost_table(report)]
     if report.get("profiles"):
         sections += ["\n## Profile (py-spy, separate passes)\n", profile_table(report)]
     return "\n".join(sections) + "\n"

@@ -157,3 +157,36 @@ def test_summary_primary_prefers_the_norm_of_a_large_output() -> None:
     s = Summary(series={"output:head": SeriesStats(), "output:norm": SeriesStats()})
     found = s.primary()
     assert found is not None and found[0] == "output:norm"
+
+
+def test_each_version_is_judged_against_its_baseline_else_stable_else_nothing() -> None:
+    from batchfleet.connectors.output_report import build_rows
+    from batchfleet.connectors.output_stats import Baseline
+    from batchfleet.schemas.registry import RolloutPolicy
+
+    rng = np.random.default_rng(8)
+
+    def side(mean: float) -> Summary:
+        return summarise_batch(list(rng.normal(mean, 1.0, size=(3000, 1))), "regression")
+
+    live = {("v1", "outputs"): side(0.0), ("v2", "outputs"): side(1.0),
+            ("v3", "outputs"): side(0.0), ("old", "outputs"): side(0.0)}
+    policy = RolloutPolicy(stable="v1", canary="v2", percent=10, shadow="v3")
+    rows = {r.version: r for r in build_rows(live, policy, {})}
+    assert [r.version for r in build_rows(live, policy, {})] == ["v1", "v2", "v3", "old"]
+    assert (rows["v1"].role, rows["v1"].outputs.reference) == ("stable", None)
+    assert rows["v1"].outputs.drift["psi"] is None
+    assert (rows["v2"].role, rows["v2"].outputs.reference) == ("canary", "stable")
+    assert (rows["v3"].role, rows["old"].role) == ("shadow", "pinned")
+    psi_v2, psi_v3 = rows["v2"].outputs.drift["psi"], rows["v3"].outputs.drift["psi"]
+    assert psi_v2 is not None and psi_v2 > 0.25
+    assert psi_v3 is not None and psi_v3 < 0.05
+    base = Baseline("v1", 0.0, 60.0, {"outputs": side(1.0)})
+    with_base = {r.version: r for r in build_rows(live, policy, {"v1": base})}
+    assert with_base["v1"].outputs.reference == "baseline"
+    got = with_base["v1"].outputs.drift["psi"]
+    assert got is not None and got > 0.25
+    body = with_base["v2"].to_json(inputs=True)
+    assert set(body) == {"version", "role", "reference", "count", "nan_rate", "mean", "p50",
+                         "p99", "psi", "ks", "inputs"}
+    assert body["inputs"]["count"] == 0 and body["inputs"]["psi"] is None
