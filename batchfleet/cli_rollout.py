@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -52,6 +53,9 @@ ModelArg = Annotated[str, typer.Argument(help="The model's name.")]
 WhyOpt = Annotated[str, typer.Option("--why", help="Why: kept in the policy history.")]
 WhoOpt = Annotated[str | None, typer.Option(
     "--who", envvar="BATCHFLEET_WHO", help="Who: kept in the history. Default: user@host.")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Go ahead even though the version's recorded shadow arg-max agreement "
+    "with stable is below --guard-agreement.")]
 
 
 def _run(broker: str, results: str | None, namespace: str,
@@ -66,6 +70,25 @@ def _changed(policy: RolloutPolicy, output: str) -> None:
         dump(policy.to_wire(), output)
     else:
         typer.echo(f"epoch {policy.epoch}: {describe(policy)}")
+
+
+def guard_with(old: GuardThresholds, given: dict[str, float | int | None]) -> GuardThresholds:
+    """The thresholds ``old`` with the flags given; a 0 turns an optional check off."""
+    changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    for key in ("psi", "nan_points", "agreement"):
+        if changes.get(key) == 0:
+            changes[key] = None
+    return replace(old, **changes)
+
+
+def describe_guard(g: GuardThresholds) -> str:
+    """``errors +5 points, p99 2x, window 200, PSI off, NaN off, agreement off``."""
+    def opt(value: float | None, unit: str = "") -> str:
+        return "off" if value is None else f"{value:g}{unit}"
+
+    return (f"errors +{g.error_points:g} points, p99 {g.p99_ratio:g}x, window "
+            f"{g.min_window} requests, PSI {opt(g.psi)}, NaN +{opt(g.nan_points, ' points')}, "
+            f"agreement {opt(g.agreement)}").replace("+off", "off")
 
 
 def describe(policy: RolloutPolicy) -> str:
@@ -90,13 +113,27 @@ def set_(
         help="A version run on copies of live batches; its answers are never returned.")
     ] = None,
     guard_error_points: Annotated[float | None, typer.Option(
-        help="Roll back when the canary's error rate exceeds stable's by this many points.")
+        help="Roll back when the canary's error rate exceeds stable's by this many points "
+        "(and significantly: docs/rollout.md, How the guard decides).")
     ] = None,
     guard_p99_ratio: Annotated[float | None, typer.Option(
-        help="Roll back when the canary's p99 compute exceeds stable's this many times.")
+        help="Roll back when the canary's p99 compute exceeds stable's this many times "
+        "(over 100+ batches each, significantly, at two evaluations in a row).")
     ] = None,
     guard_window: Annotated[int | None, typer.Option(
         help="Judge the canary only after this many of its requests.")] = None,
+    guard_psi: Annotated[float | None, typer.Option(
+        min=0.0, help="Roll back when the PSI of the canary's outputs against stable's on "
+        "the same traffic exceeds this (0: off, the default; 0.25 is a large shift).")
+    ] = None,
+    guard_nan_points: Annotated[float | None, typer.Option(
+        min=0.0, max=100.0, help="Roll back when the canary's NaN rate exceeds stable's by "
+        "this many points (0: off, the default).")] = None,
+    guard_agreement: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Refuse to make canary or promote a version whose recorded "
+        "shadow arg-max agreement with stable is below this share, 0-1, unless --force "
+        "(0: off, the default).")] = None,
+    force: ForceOpt = False,
     why: WhyOpt = "", who: WhoOpt = None,
     results: ResultsOpt = None,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
@@ -110,31 +147,37 @@ def set_(
         batchfleet rollout set demo-mlp --stable default --canary v2 --percent 20 --why "try v2"
 
         batchfleet rollout set demo-mlp --stable default --shadow v2 --broker redis://localhost:6379/0
+
+        batchfleet rollout set demo-mlp --stable default --canary v2 --percent 5 --guard-psi 0.25
     """
     output = output_format(output, as_json)
     if canary is not None and percent == 0.0:
         raise fail("--canary needs --percent P (the share of requests it takes, 0-100)")
 
+    given = {"error_points": guard_error_points, "p99_ratio": guard_p99_ratio,
+             "min_window": guard_window, "psi": guard_psi, "nan_points": guard_nan_points,
+             "agreement": guard_agreement}
+
     async def body(rollouts: Rollouts) -> RolloutPolicy:
         guard = None
-        if (guard_error_points, guard_p99_ratio, guard_window) != (None, None, None):
+        if any(v is not None for v in given.values()):
             old = (await rollouts.status(model, history=0)).policy.guard
-            guard = GuardThresholds(
-                old.error_points if guard_error_points is None else guard_error_points,
-                old.p99_ratio if guard_p99_ratio is None else guard_p99_ratio,
-                old.min_window if guard_window is None else guard_window)
+            guard = guard_with(old, given)
         return await rollouts.set(model, stable=stable, canary=canary, percent=percent,
                                   shadow=shadow, guard=guard, who=who or default_who(),
-                                  why=why)
+                                  why=why, force=force)
 
     _changed(_run(broker, results, namespace, body), output)
 
 
 @rollout_app.command()
-def promote(model: ModelArg, broker: BrokerOpt, why: WhyOpt = "", who: WhoOpt = None,
-            results: ResultsOpt = None, namespace: NamespaceOpt = DEFAULT_NAMESPACE,
-            as_json: JsonOpt = False, output: OutputOpt = "table") -> None:
-    """Make the canary the stable version (the old stable is kept for a rollback).
+def promote(model: ModelArg, broker: BrokerOpt, force: ForceOpt = False, why: WhyOpt = "",
+            who: WhoOpt = None, results: ResultsOpt = None,
+            namespace: NamespaceOpt = DEFAULT_NAMESPACE, as_json: JsonOpt = False,
+            output: OutputOpt = "table") -> None:
+    """Make the canary the stable version (the old stable is kept for a rollback). Refused,
+    with the reason, when the policy's --guard-agreement is set and the canary's recorded
+    shadow arg-max agreement with stable is below it, unless --force.
 
     Example:
 
@@ -142,7 +185,7 @@ def promote(model: ModelArg, broker: BrokerOpt, why: WhyOpt = "", who: WhoOpt = 
     """
     output = output_format(output, as_json)
     _changed(_run(broker, results, namespace, lambda r: r.promote(
-        model, who=who or default_who(), why=why)), output)
+        model, who=who or default_who(), why=why, force=force)), output)
 
 
 @rollout_app.command()
@@ -226,6 +269,7 @@ def _print_status(found: RolloutStatus, *, wide: bool = False,
         out.print(f"{found.record.name}: epoch {found.policy.epoch}, "
                   f"{describe(found.policy)}" + (f" (previous stable {found.policy.previous})"
                                                  if found.policy.previous else ""))
+        out.print(f"guard: {describe_guard(found.policy.guard)}")
         applied = [w["epoch"] for w in body["workers"].values()]
         on_epoch = sum(e == found.policy.epoch for e in applied)
         out.print(f"workers: {on_epoch} of {len(applied)} live apply epoch "

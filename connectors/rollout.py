@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import ModelRegistry, RedisModelRegistry
-from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionStats
-from batchfleet.schemas.errors import UnknownModelError
+from batchfleet.connectors.rollout_stats import RedisRolloutStats, ShadowReport, VersionStats
+from batchfleet.schemas.errors import UnknownModelError, ValidationError
 from batchfleet.schemas.heartbeat import LIVE_WITHIN_S, HeartbeatRecord
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (
@@ -44,10 +44,12 @@ STATUS_HISTORY = 20
 
 
 class VersionStatsReader(Protocol):
-    """Where per-version stats come from (``RedisRolloutStats``)."""
+    """Where per-version stats and shadow comparisons come from (``RedisRolloutStats``)."""
 
     async def read_versions(self, model: str, labels: Iterable[str]
                             ) -> Mapping[str, VersionStats]: ...
+
+    async def read_comparisons(self, model: str) -> ShadowReport | None: ...
 
 
 class HeartbeatReader(Protocol):
@@ -63,6 +65,23 @@ def default_who() -> str:
     except (KeyError, OSError):  # no passwd entry (a container's arbitrary UID)
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+def agreement_refusal(report: ShadowReport | None, version: str, stable: str,
+                      threshold: float | None, doing: str) -> str | None:
+    """Why ``version`` may not be made canary or promoted (``doing``): its recorded shadow
+    arg-max agreement with ``stable`` is below ``threshold``. None when allowed: no
+    threshold, or no comparison of this version against this stable recorded."""
+    if (threshold is None or report is None or report.compared == 0
+            or (report.shadow, report.stable) != (version, stable)):
+        return None
+    rate = report.agree / report.compared
+    if rate >= threshold:
+        return None
+    return (f"refusing to {doing}: its recorded shadow arg-max agreement with stable "
+            f"{stable!r} is {rate:.2%} over {report.compared} compared requests (epoch "
+            f"{report.epoch}), below the guard's {threshold:.2%} (--guard-agreement); "
+            "--force (force=True) overrides")
 
 
 def role_of(policy: RolloutPolicy, label: str) -> str | None:
@@ -145,16 +164,41 @@ class Rollouts:
 
     async def set(self, model: str, *, stable: str, canary: str | None = None,
                   percent: float = 0.0, shadow: str | None = None,
-                  guard: GuardThresholds | None = None, who: str, why: str = ""
-                  ) -> RolloutPolicy:
+                  guard: GuardThresholds | None = None, who: str, why: str = "",
+                  force: bool = False) -> RolloutPolicy:
         """Replace the policy; ValidationError names what is wrong (an unknown version,
-        a percent without a canary, …) and nothing is written then."""
+        a percent without a canary, a new canary below the agreement threshold unless
+        ``force``, …) and nothing is written then."""
+        if canary is not None and not force:
+            record = await self.registry.get(model)
+            old = record.policy if record is not None else RolloutPolicy()
+            if canary != old.canary:
+                threshold = (guard or old.guard).agreement
+                await self._check_agreement(model, canary, stable, threshold,
+                                            f"make {canary!r} the canary")
         return await self.registry.set_policy(model, stable=stable, canary=canary,
                                               percent=percent, shadow=shadow, guard=guard,
                                               who=who, why=why)
 
-    async def promote(self, model: str, *, who: str, why: str = "") -> RolloutPolicy:
+    async def promote(self, model: str, *, who: str, why: str = "",
+                      force: bool = False) -> RolloutPolicy:
+        """The canary becomes stable; refused below the agreement threshold unless
+        ``force`` (and, as ever, without a canary)."""
+        if not force:
+            record = await self.registry.get(model)
+            old = record.policy if record is not None else RolloutPolicy()
+            if old.canary is not None:
+                await self._check_agreement(model, old.canary, old.stable,
+                                            old.guard.agreement, f"promote {old.canary!r}")
         return await self.registry.promote(model, who=who, why=why)
+
+    async def _check_agreement(self, model: str, version: str, stable: str,
+                               threshold: float | None, doing: str) -> None:
+        if threshold is None or self._stats is None:
+            return
+        report = await self._stats.read_comparisons(model)
+        if (why := agreement_refusal(report, version, stable, threshold, doing)) is not None:
+            raise ValidationError(why)
 
     async def rollback(self, model: str, *, who: str, why: str = "") -> RolloutPolicy:
         return await self.registry.rollback(model, who=who, why=why)

@@ -22,7 +22,12 @@ from batchfleet.cli import app
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry, open_model_registry
 from batchfleet.connectors.redis_client import redis_client
-from batchfleet.connectors.rollout_stats import RedisRolloutStats, VersionDelta
+from batchfleet.connectors.rollout_stats import (
+    ComparisonDelta,
+    Difference,
+    RedisRolloutStats,
+    VersionDelta,
+)
 from batchfleet.producers import AsyncClient, Client
 from batchfleet.producers.gateway import KeyRing, hash_key
 from batchfleet.schemas.names import Names
@@ -163,6 +168,51 @@ async def test_cli_promote_and_rollback_json(registry: RedisModelRegistry,
     assert [(h["action"], h["policy"]["epoch"]) for h in history] == [
         ("rollback", 4), ("rollback", 3), ("promote", 2), ("set", 1)]
     assert history[0]["why"] == "v2 bad" and "@" in history[0]["who"]  # user@host
+
+
+async def test_cli_guard_flags_and_the_agreement_gate(registry: RedisModelRegistry,
+                                                     redis_url: str) -> None:
+    """``--guard-psi``, ``--guard-nan-points`` and ``--guard-agreement`` are stored and
+    shown; a shadow recorded at 60% arg-max agreement blocks ``set --canary`` and
+    ``promote`` with the reason printed, and ``--force`` overrides both."""
+    at = ("--broker", redis_url, "--namespace", NS)
+
+    async def rollout(*args: str) -> Any:
+        return await _rollout(redis_url, *args)
+
+    shadowing = await rollout("set", "demo-mlp", "--stable", "default", "--shadow", "v2",
+                              "--guard-psi", "0.2", "--guard-nan-points", "1",
+                              "--guard-agreement", "0.9", "--json")
+    assert shadowing["guard"] == {"error_points": 5.0, "p99_ratio": 2.0, "min_window": 200,
+                                  "psi": 0.2, "nan_points": 1.0, "agreement": 0.9}
+    assert (await rollout("status", "demo-mlp", "--json"))["policy"]["guard"] == \
+        shadowing["guard"]
+    assert ("guard: errors +5 points, p99 2x, window 200 requests, PSI 0.2, NaN +1 points, "
+            "agreement 0.9") in await rollout("status", "demo-mlp")
+    delta = ComparisonDelta(stable="default", shadow="v2")
+    for agrees in [True] * 60 + [False] * 40:
+        delta.add(Difference(0.5, 0.5, 1, agrees))
+    raw = redis_client(redis_url)
+    try:
+        await RedisRolloutStats(raw, Names(NS)).flush_comparisons(
+            "demo-mlp", shadowing["epoch"], delta)
+    finally:
+        await raw.aclose()
+
+    code, _, err = await _cli("rollout", "set", "demo-mlp", "--stable", "default",
+                              "--canary", "v2", "--percent", "10", *at)
+    assert code == 1 and "refusing to make 'v2' the canary" in err, err
+    assert "60.00% over 100 compared requests" in err and "--force" in err
+    forced = await rollout("set", "demo-mlp", "--stable", "default", "--canary", "v2",
+                           "--percent", "10", "--force", "--json")
+    assert forced["canary"] == "v2" and forced["epoch"] == shadowing["epoch"] + 1
+    code, _, err = await _cli("rollout", "promote", "demo-mlp", *at)
+    assert code == 1 and "refusing to promote 'v2'" in err, err
+    promoted = await rollout("promote", "demo-mlp", "--force", "--json")
+    assert promoted["stable"] == "v2"
+    # 0 turns an optional check off again
+    off = await rollout("set", "demo-mlp", "--stable", "v2", "--guard-psi", "0", "--json")
+    assert "psi" not in off["guard"] and off["guard"]["agreement"] == 0.9
 
 
 async def test_http_rollout_needs_an_admin_key(registry: RedisModelRegistry,

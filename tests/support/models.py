@@ -197,3 +197,32 @@ class Hangs(nn.Module):
 
 def hang_model() -> TorchModuleHandler:
     return TorchModuleHandler("hang", Hangs(), input_spec=TensorSpec("float32", (10,)))
+
+
+#: How long the paced model takes per batch; its slow twin takes three times as long.
+PACE_S = 0.03
+
+
+class Paced(nn.Module):
+    """demo-mlp after a fixed wait per batch: compute time set by the test, not by how busy
+    the machine is (the latency guard's "truly slower" canary)."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+        self.wait_s = wait_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.wait_s)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def paced_mlp() -> TorchModuleHandler:
+    """``--model paced=tests.support.models:paced_mlp``: demo-mlp at 30 ms a batch."""
+    return TorchModuleHandler("paced", Paced(PACE_S), input_spec=TensorSpec("float32", (10,)))
+
+
+def paced_mlp_3x() -> TorchModuleHandler:
+    """The same at 90 ms a batch: three times slower on every batch."""
+    return TorchModuleHandler("paced-3x", Paced(3 * PACE_S),
+                              input_spec=TensorSpec("float32", (10,)))

@@ -45,6 +45,13 @@ def worker_versions(ctx: WorkerContext) -> Versions:
     return ctx.versions
 
 
+def counts_as_failure(output: object) -> bool:
+    """Whether one request's outcome counts as an error for the per-version stats, and so
+    for the rollout guard's error test: the one place that decides (a degraded answer,
+    when one exists, is to be counted here too)."""
+    return isinstance(output, BaseException)
+
+
 def role_of(policy: RolloutPolicy | None, label: str) -> str:
     """What a version does under a policy: stable, canary, shadow, or pinned (named by a
     request's ``version`` field only)."""
@@ -125,7 +132,7 @@ class VersionStats(Middleware):
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         model, label = batch.key.model, batch_label(batch)
-        failed = [isinstance(o, BaseException) for o in run.outputs]
+        failed = [counts_as_failure(o) for o in run.outputs]
         # The fleet stats count a request once, at its first attempt: a retry of a failing
         # request is neither a new request nor a new error (the guard's rate is per request).
         first = [f for j, f in zip(batch.jobs, failed, strict=True) if j.request.attempt <= 1]
