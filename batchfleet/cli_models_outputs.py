@@ -21,7 +21,8 @@ from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 
 SinceOpt = Annotated[float, typer.Option(
     "--since-s", metavar="SECONDS", min=1.0,
-    help="The period the statistics cover, ending now.")]
+    help="The period the statistics cover, ending now: the windows (--stats-window-s "
+         "of the workers, a minute by default) that end within it count whole.")]
 
 
 def baseline(
