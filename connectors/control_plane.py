@@ -35,7 +35,7 @@ type checking only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchfleet.connectors.values import (
@@ -206,7 +206,8 @@ class OutputStats(Protocol):
     read merged by ``models outputs``, the gateway and the rollout guard."""
 
     async def flush(self, model: str, flush: Flush) -> None: ...
-    async def read(self, model: str, since: float, until: float | None = None
+    async def read(self, model: str, since: float, until: float | None = None,
+                   labels: Collection[str] | None = None, side: str | None = None
                    ) -> dict[tuple[str, str], Summary]: ...
     async def freeze(self, model: str, baseline: Baseline) -> None: ...
     async def baselines(self, model: str, labels: Iterable[str]) -> dict[str, Baseline]: ...

@@ -4,7 +4,7 @@ merged by the same field arithmetic, trimmed after ``keep_s`` as the Redis keys 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from batchfleet.connectors.memory_state import MemoryState
@@ -44,14 +44,15 @@ class MemoryOutputStats:
             for key in [k for k, w in windows.items() if w[0] <= now]:
                 del windows[key]
 
-    async def read(self, model: str, since: float, until: float | None = None
+    async def read(self, model: str, since: float, until: float | None = None,
+                   labels: Collection[str] | None = None, side: str | None = None
                    ) -> dict[tuple[str, str], Summary]:
         now = time.time()
         with self._state.lock:
-            rows = [(label, side, from_fields(w[2]))
-                    for (label, side, start), w in self._windows(model).items()
-                    if w[1] > since and w[0] > now
-                    and (until is None or start < until)]
+            rows = [(label, s, from_fields(w[2]))
+                    for (label, s, _), w in self._windows(model).items()
+                    if w[1] > since and w[0] > now and (until is None or w[1] <= until)
+                    and (labels is None or label in labels) and (side is None or s == side)]
         return merge_windows(rows)
 
     async def freeze(self, model: str, baseline: Baseline) -> None:

@@ -16,7 +16,7 @@ per-model index, never a keyspace scan:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -128,23 +128,24 @@ class RedisOutputStats:
         await pipe.execute()
 
     @wrap_errors(ResultStoreError, "cannot read the output statistics")
-    async def read(self, model: str, since: float, until: float | None = None
+    async def read(self, model: str, since: float, until: float | None = None,
+                   labels: Collection[str] | None = None, side: str | None = None
                    ) -> dict[tuple[str, str], Summary]:
-        """Every (label, side) merged over the windows that end after ``since`` (and start
-        before ``until``): two round trips whatever the number of windows."""
-        members = await self._redis.zrangebyscore(self._key(model, "idx"), f"({since}",
-                                                  "+inf")
-        found = [_parse_member(m) for m in members if isinstance(m, bytes | str)]
-        if until is not None:
-            found = [f for f in found if f[2] < until]
+        """Every (label, side) merged over the windows that end after ``since`` (and at or
+        before ``until``), only ``labels`` and ``side`` when given: two round trips
+        whatever the number of windows."""
+        members = await self._redis.zrangebyscore(
+            self._key(model, "idx"), f"({since}", "+inf" if until is None else until)
+        found = [f for f in (_parse_member(m) for m in members if isinstance(m, bytes | str))
+                 if (labels is None or f[0] in labels) and (side is None or f[1] == side)]
         if not found:
             return {}
         pipe = self._redis.pipeline(transaction=False)
-        for label, side, start in found:
-            pipe.hgetall(self._key(model, f"w:{label}:{side}:{start}"))
+        for label, s, start in found:
+            pipe.hgetall(self._key(model, f"w:{label}:{s}:{start}"))
         rows = await pipe.execute()
-        return merge_windows((label, side, from_fields(row))
-                             for (label, side, _), row in zip(found, rows, strict=True) if row)
+        return merge_windows((label, s, from_fields(row))
+                             for (label, s, _), row in zip(found, rows, strict=True) if row)
 
     @wrap_errors(ResultStoreError, "cannot write the baseline")
     async def freeze(self, model: str, baseline: Baseline) -> None:

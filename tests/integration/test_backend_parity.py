@@ -304,7 +304,8 @@ async def test_rollout_policy_changes(backend: Backend) -> None:
 
 async def test_output_stats_merge_windows_and_keep_baselines(backend: Backend) -> None:
     """Two workers' deltas in one window read back as exactly their sum; a window that
-    ended before ``since`` is left out; a frozen baseline reads back whole."""
+    ended before ``since`` (or after ``until``) is left out, as are other labels and sides
+    when some are named; a frozen baseline reads back whole."""
     import numpy as np
 
     from batchfleet.connectors.output_stats import Baseline, Flush
@@ -331,6 +332,12 @@ async def test_output_stats_merge_windows_and_keep_baselines(backend: Backend) -
     assert got[("v1", "inputs")].rows == 50
     assert (await stats.read(model, since=now - 3600))[("v1", "outputs")].rows == 550
     assert await stats.read("other", since=0) == {}
+    # windows that end at or before ``until``; one label and side only
+    old_only = await stats.read(model, since=now - 3600, until=start - 540)
+    assert old_only[("v1", "outputs")].rows == 50 and ("v1", "inputs") not in old_only
+    picked = await stats.read(model, since=now - 60, labels=("v1",), side="inputs")
+    assert list(picked) == [("v1", "inputs")]
+    assert await stats.read(model, since=now - 60, labels=("v2",)) == {}
     await stats.freeze(model, Baseline("v1", now, 600.0, {"outputs": out}))
     bases = await stats.baselines(model, ["v1", "v2"])
     assert list(bases) == ["v1"]

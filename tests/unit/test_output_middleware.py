@@ -74,3 +74,35 @@ async def test_windows_kinds_and_a_refused_flush_kept_for_the_next() -> None:
     only_second = await plane.output_stats.read("m", 1_000_061.0)
     assert only_second[("v1", "outputs")].rows == 2
     await plane.close()
+
+
+async def test_guard_evidence_merges_settled_windows_once_and_rereads_recent_ones() -> None:
+    import time
+
+    from batchfleet.connectors.output_summary import summarise_batch
+
+    plane = open_memory_control_plane(f"memory://outev-{uuid.uuid4().hex[:8]}")
+    store = plane.output_stats
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=7200)
+    mw._ctx = SimpleNamespace(plane=plane)  # type: ignore[assignment]
+    now = int(time.time()) // 60 * 60
+    rows = [np.array([0.5], np.float32)] * 1500
+
+    async def add(start: int, label: str) -> None:
+        await store.flush("m", Flush(start, 60, 7200, {
+            (label, "outputs"): summarise_batch(rows, "regression")}))
+
+    for label in ("stable", "canary"):
+        await add(now - 600, label)  # settled
+        await add(now, label)  # recent
+    found = await mw.output_evidence("m", "canary", "stable", now - 900)
+    assert found is not None
+    canary, stable = found
+    assert (canary.count, stable.count) == (3000, 3000)
+    assert canary.psi is not None and canary.psi < 0.02
+    await add(now, "canary")  # the recent window grows: read again
+    await add(now - 600, "canary")  # a settled window written late: not read again
+    canary, _ = await mw.output_evidence("m", "canary", "stable", now - 900) or (None, None)
+    assert canary is not None and canary.count == 4500
+    assert await mw.output_evidence("m", "nobody", "stable", now - 900) is None
+    await plane.close()

@@ -22,7 +22,7 @@ import numpy as np
 import structlog
 
 from batchfleet.connectors.output_report import VersionRow, read_rows
-from batchfleet.connectors.output_stats import Flush, window_start
+from batchfleet.connectors.output_stats import Flush, merge_windows, window_start
 from batchfleet.connectors.output_summary import Summary, guess_kind, summarise_batch
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import DEFAULT_LABEL
@@ -42,6 +42,8 @@ log = structlog.get_logger("batchfleet.worker")
 FOLD_ROWS: Final = 4096
 #: The period the gauges report over.
 REPORT_PERIOD_S: Final = 900.0
+#: Windows this far behind the current one count as settled for the guard's evidence.
+SETTLED_WINDOWS: Final = 3
 #: Deltas a worker keeps while the store refuses them.
 _KEEP_UNFLUSHED: Final = 256
 
@@ -88,6 +90,9 @@ class OutputStats(Middleware):
         self._held: dict[tuple[int, str, str], Held] = {}
         self._resolved: dict[tuple[str, str], str] = {}
         self._unflushed: list[tuple[str, Flush]] = []
+        #: The guard's evidence: (model, canary, stable, since) -> (settled up to, merged).
+        self._settled: dict[tuple[str, str, str, float],
+                            tuple[float, dict[tuple[str, str], Summary]]] = {}
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
@@ -180,10 +185,27 @@ class OutputStats(Middleware):
     async def output_evidence(self, model: str, canary: str, stable: str,
                               since_unix_s: float
                               ) -> tuple[OutputEvidence, OutputEvidence] | None:
-        """The canary's and stable's fleet-merged outputs since ``since_unix_s``."""
+        """The canary's and stable's fleet-merged outputs since ``since_unix_s``. The guard
+        asks every few seconds for as long as the canary runs, so windows that closed
+        :data:`SETTLED_WINDOWS` windows ago are merged once and kept; only newer ones are
+        read again (a flush that lands later than that is left out of the evidence)."""
         if self._ctx is None:
             return None
-        live = await self._ctx.plane.output_stats.read(model, since_unix_s)
+        store, labels = self._ctx.plane.output_stats, (canary, stable)
+        key = (model, canary, stable, since_unix_s)
+        settled_to = window_start(time.time(), self._window_s) - (
+            SETTLED_WINDOWS * self._window_s)
+        upto, merged = self._settled.get(key, (since_unix_s, {}))
+        if settled_to > upto:
+            more = await store.read(model, upto, settled_to, labels, "outputs")
+            merged = merge_windows([*((k[0], k[1], v) for k, v in merged.items()),
+                                    *((k[0], k[1], v) for k, v in more.items())])
+            upto = settled_to
+            self._settled = {k: v for k, v in self._settled.items() if k[0] != model}
+            self._settled[key] = (upto, merged)
+        recent = await store.read(model, upto, None, labels, "outputs")
+        live = merge_windows([*((k[0], k[1], v) for k, v in merged.items()),
+                              *((k[0], k[1], v) for k, v in recent.items())])
         return evidence_of(live, canary, stable)
 
     async def report(self) -> None:
