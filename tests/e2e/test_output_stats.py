@@ -105,6 +105,12 @@ async def test_two_workers_merge_exactly_and_drift_shows_against_the_baseline(
         assert got["inputs"]["psi"] > 0.25 and got["inputs"]["ks"] > 0.3, got
         assert got["inputs"]["mean"] == pytest.approx(1.0, abs=0.05)
 
+        # the worker's gauges read the same fleet-merged drift (over its last 15 minutes)
+        await w1.find(OutputStats).report()
+        gauge = w1.metrics.output_drift.labels(MODEL, "default", "input_psi")._value.get()
+        assert gauge > 0.1, gauge
+        assert w1.metrics.output_nan_ratio.labels(MODEL, "default")._value.get() == 0.0
+
         code, out, err = await run_cli("models", "outputs", MODEL, "--inputs", "--broker",
                                        redis_url)
         assert code == 0, err
