@@ -106,3 +106,12 @@ async def test_guard_evidence_merges_settled_windows_once_and_rereads_recent_one
     assert canary is not None and canary.count == 4500
     assert await mw.output_evidence("m", "nobody", "stable", now - 900) is None
     await plane.close()
+
+
+def test_outputs_a_summary_cannot_read_are_dropped_never_raised() -> None:
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600)
+    ragged = [np.zeros(2), np.zeros(3)] * 2048  # shapes change between requests
+    mw.record("m", "v1", ragged, [np.zeros(1)] * len(ragged), now=0.0)  # folds: no raise
+    mw.record("m", "v1", [np.zeros(2)], [np.zeros(1)], now=0.0)
+    (_, flush), = mw.take()
+    assert flush.deltas[("v1", "outputs")].rows == 1  # only what could be read

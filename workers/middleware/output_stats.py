@@ -123,23 +123,28 @@ class OutputStats(Middleware):
             self._fold(model, label, held)
 
     def _fold(self, model: str, label: str, held: Held) -> None:
+        """Summarise what is held. Outputs a summary cannot read (shapes that change from
+        request to request, named tensors that come and go) are dropped with a log line:
+        statistics never fail a batch, and they are off the ack and write paths."""
         if not held.outputs:
             return
-        kind = self.kind(model, label, held.outputs[0])
-        held.summaries["outputs"].merge(summarise_batch(held.outputs, kind))
-        held.summaries["inputs"].merge(summarise_batch(held.inputs, None))
+        outputs, inputs = held.outputs, held.inputs
         held.outputs, held.inputs = [], []
+        try:
+            kind = self.kind(model, label, outputs[0])
+            out, ins = summarise_batch(outputs, kind), summarise_batch(inputs, None)
+        except Exception as exc:  # a model's odd outputs must not stop its worker
+            log.info("output statistics skipped", model=model, version=label,
+                     requests=len(outputs), error=f"{type(exc).__name__}: {exc}")
+            return
+        held.summaries["outputs"].merge(out)
+        held.summaries["inputs"].merge(ins)
 
     def take(self) -> list[tuple[str, Flush]]:
         """Everything held, summarised, as one :class:`Flush` per (window, model)."""
         by: dict[tuple[int, str], dict[tuple[str, str], Summary]] = {}
         for (start, model, label), held in self._held.items():
-            try:
-                self._fold(model, label, held)
-            except (ValueError, TypeError) as exc:  # outputs of mixed shapes: not counted
-                log.info("output statistics skipped", model=model, version=label,
-                         error=str(exc))
-                continue
+            self._fold(model, label, held)
             deltas = by.setdefault((start, model), {})
             for side, summary in held.summaries.items():
                 deltas[(label, side)] = summary
