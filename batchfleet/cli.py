@@ -21,6 +21,7 @@ from typer.core import TyperGroup, TyperOption
 from batchfleet import __version__
 from batchfleet.cli_bench import bench
 from batchfleet.cli_bulk import bulk_app
+from batchfleet.cli_console import console_command
 from batchfleet.cli_control import cancel, check, lane_app
 from batchfleet.cli_dlq import dlq_app
 from batchfleet.cli_gateway import gateway_app
@@ -139,7 +140,7 @@ _default_string = TyperOption._get_default_string
 TyperOption._get_default_string = _default_text  # type: ignore[method-assign]
 _DEBUG = "batchfleet.debug"
 #: Commands that run on and log as they go; the others are one-shot.
-_SERVICES = frozenset({"worker", "gateway", "webhooks", "bulk", "bench", "demo"})
+_SERVICES = frozenset({"worker", "gateway", "console", "webhooks", "bulk", "bench", "demo"})
 
 
 app = typer.Typer(
@@ -358,6 +359,7 @@ app.command()(submit)
 app.command()(result)
 app.command()(bench)
 app.command()(status)
+app.command("console")(console_command)
 app.command()(cancel)
 app.command()(check)
 app.add_typer(lane_app, name="lane")

@@ -71,8 +71,8 @@ def status(
     interval: Annotated[float, typer.Option(
         min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
 ) -> None:
-    """Show every model's lanes: depth, lag, oldest request, throughput, p99, breakers, DLQ
-    size and the live workers.
+    """Show every model's lanes: depth, lag, oldest request, the model's own req/s, mean
+    batch size, error and degraded shares, p99, breakers, DLQ size and the live workers.
 
     Depth comes straight from Redis when Redis is the broker; with Kafka it is the lag
     the live workers report for their partitions. Workers are the ones whose heartbeat

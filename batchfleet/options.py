@@ -171,7 +171,7 @@ EXTRA_MODULES: dict[str, frozenset[str]] = {
 }
 #: The extra a subcommand is for; named first when it provides the missing module.
 COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "webhooks",
-                  "gateway": "gateway", "bulk": "bulk", "bench": "bench"}
+                  "gateway": "gateway", "console": "gateway", "bulk": "bulk", "bench": "bench"}
 
 
 def extra_for(command: str, module: str) -> str | None:

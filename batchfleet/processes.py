@@ -34,7 +34,10 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         log_level: str = "info",
         keep_log: bool = True,
+        device: str = "cpu",
     ) -> None:
+        """``device``: the worker's ``--device``; cpu unless asked (tests and the demo must
+        not depend on a GPU being there; the bench passes ``auto``, the worker's default)."""
         self.worker_id = f"w-{uuid.uuid4().hex[:8]}"
         self.broker = broker
         self.results = results or broker
@@ -43,7 +46,7 @@ class WorkerProcess:
                                               suffix=".log")[1])
         self.args = [sys.executable, "-m", "batchfleet", "worker", "--broker", broker,
                      "--worker-id", self.worker_id, "--namespace", namespace,
-                     "--log-format", "json", "--log-level", log_level, "--device", "cpu"]
+                     "--log-format", "json", "--log-level", log_level, "--device", device]
         if results:
             self.args += ["--results", results]
         for model in models:

@@ -45,6 +45,13 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
+def _percent(share: float | None, alarm: str) -> Text:
+    """A share as a percentage, coloured when above zero; "—" when nothing counted it."""
+    if share is None:
+        return Text("—")
+    return Text(f"{share:.1%}", style=alarm if share > 0 else "")
+
+
 def _breakers(states: Mapping[str, Mapping[str, int]], workers: int) -> Text:
     bad = [f"{name} {state} {n}/{workers}" for name, counts in sorted(states.items())
            for state, n in sorted(counts.items()) if state != "closed"]
@@ -66,13 +73,16 @@ def _table(title: str | None, columns: Sequence[tuple[str, bool]], *, no_headers
 
 def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Table:
     """One row per lane; ``wide`` adds the pending (delivered, unacked) count and how many
-    shard streams the row adds up (``--lane-shards``)."""
+    shard streams the row adds up (``--lane-shards``). The model-wide cells (req/s of that
+    model, mean batch size, error and degraded shares since the workers started, breakers,
+    DLQ, workers) are on a model's first row."""
     table = _table(f"batchfleet · {snap.namespace} on {snap.broker_title} · "
                    f"{human_time(snap.taken_at)}",
                    [(col, col not in ("model", "lane", "breakers")) for col in (
                        "model", "lane", *(("shards",) if wide else ()), "depth",
                        *(("pending",) if wide else ()), "lag",
-                       "oldest", "req/s", "p99 ms", "drain", "breakers", "dlq", "workers")],
+                       "oldest", "req/s", "batch", "err %", "degr %", "p99 ms", "drain",
+                       "breakers", "dlq", "workers")],
                    no_headers=no_headers,
                    caption=f"{len(snap.workers)} worker(s) · {snap.throughput_rps:,.1f} req/s "
                            f"· {snap.retry_scheduled} waiting to retry · "
@@ -87,6 +97,9 @@ def lanes_table(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = F
             *((_num(lane.pending),) if wide else ()), _num(lane.lag),
             _age(lane.oldest_age_s),
             _num(lane.throughput_rps, "{:,.1f}") if first else "",
+            _num(lane.mean_batch_size, "{:,.1f}") if first else "",
+            _percent(lane.error_rate, "red") if first else "",
+            _percent(lane.degraded_rate, "yellow") if first else "",
             _num(lane.p99_ms, "{:,.1f}"), _age(lane.time_to_drain_s),
             _breakers(lane.breakers, lane.workers) if first else "",
             Text(str(lane.dlq), style="red" if lane.dlq else "") if first else "",

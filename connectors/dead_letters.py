@@ -150,6 +150,15 @@ class DeadLetterQueue:
                 return
             start = "(" + _text(entries[-1][0])
 
+    async def newest(self, model: str, count: int, before: str = "") -> list[DeadLetter]:
+        """Up to ``count`` letters, newest first, older than the entry ID ``before`` (one
+        XREVRANGE: a page of the console's list, bounded at any queue length)."""
+        stream = self._names.dead_letter_stream(model)
+        with wrap_errors(ResultStoreError, "cannot read the dead-letter queue"):
+            entries: Any = await self._redis.xrevrange(
+                stream, max=f"({before}" if before else "+", count=count)
+        return [_letter(entry_id, fields) for entry_id, fields in entries]
+
     async def list(self, model: str) -> list[DeadLetter]:
         """All of a model's letters (paged underneath)."""
         return [dl async for batch in self.pages(model) for dl in batch]

@@ -17,9 +17,10 @@ Where each number comes from:
   the sum of the lag each live worker reports for its own partitions, so it is
   unknown while no worker serves the lane (KEDA reads the group's lag itself);
 * **DLQ** sizes: ``XLEN`` of ``{prefix}:dlq:{model}``;
-* **throughput, p99, breakers**: the heartbeats. A worker serving several
-  models counts its whole rate for each, and the fleet's p99 of a lane is the
-  worst p99 any worker reports (percentiles do not add up).
+* **throughput, batch size, error and degraded rates, p99, breakers**: the
+  heartbeats. Each worker reports every model's own rate and counters
+  (``connectors.fleet_models``), and the fleet's p99 of a lane is the worst p99
+  any worker reports (percentiles do not add up).
 
 :func:`summarize` is pure (heartbeats and Redis replies in, a snapshot out);
 :class:`FleetReader` does the I/O in a fixed number of pipelined round trips and
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.fleet_models import model_figures
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.connectors.redis_client import is_cluster_url, names_for
@@ -89,6 +91,8 @@ class WorkerView:
     lanes: dict[str, dict[str, float | None]] = field(repr=False)
     #: Model -> seconds a compute thread of it has been stuck past its limit (none: {}).
     stuck_compute: dict[str, float] = field(default_factory=dict)
+    #: Model -> its own req/s and counters since start (``HeartbeatRecord.model_stats``).
+    model_stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,11 @@ class LaneView:
     breakers: dict[str, dict[str, int]]
     #: Shard streams the lane's numbers add up (Redis ``--lane-shards``); 1 otherwise.
     shards: int = 1
+    #: Model-wide, like ``throughput_rps`` (``connectors.fleet_models``): rows per batch,
+    #: failed and degraded shares of terminal writes, over the live workers' counters.
+    mean_batch_size: float | None = None
+    error_rate: float | None = None
+    degraded_rate: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +172,8 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         counters={k: int(record.counters.get(k) or 0) for k in COUNTERS},
         lanes=dict(record.lanes),
         stuck_compute={str(k): float(v)
-                       for k, v in (record.extra.get("stuck_compute") or {}).items()})
+                       for k, v in (record.extra.get("stuck_compute") or {}).items()},
+        model_stats={m: dict(v) for m, v in record.model_stats.items()})
 
 
 def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:
@@ -195,9 +205,10 @@ def summarize(broker: str, namespace: str, models: Iterable[str], workers: Seque
     lanes = []
     for model in every:
         serving = [w for w in workers if model in w.models]
-        rate = sum(w.throughput_rps for w in serving)
+        figures = model_figures(model, ((w.model_stats, w.throughput_rps) for w in serving))
         # a worker with a breaker open pulls nothing, whatever its recent rate says
-        pulling = sum(w.throughput_rps for w in serving if "open" not in w.breakers.values())
+        pulling = model_figures(model, ((w.model_stats, w.throughput_rps) for w in serving
+                                        if "open" not in w.breakers.values())).throughput_rps
         breakers = _breaker_counts(serving)
         for lane in LANES:
             seen = [w.lanes[f"{model}/{lane}"] for w in serving if f"{model}/{lane}" in w.lanes]
@@ -212,8 +223,10 @@ def summarize(broker: str, namespace: str, models: Iterable[str], workers: Seque
             lanes.append(LaneView(
                 model=model, lane=lane, depth=depth, lag=lag, pending=pending,
                 oldest_age_s=oldest, p99_ms=_worst(s.get("p99_ms") for s in seen),
-                time_to_drain_s=drain, throughput_rps=round(rate, 2), workers=len(serving),
-                dlq=int(dlq.get(model, 0)), breakers=breakers, shards=stats.shards))
+                time_to_drain_s=drain, throughput_rps=figures.throughput_rps,
+                workers=len(serving), dlq=int(dlq.get(model, 0)), breakers=breakers,
+                shards=stats.shards, mean_batch_size=figures.mean_batch_size,
+                error_rate=figures.error_rate, degraded_rate=figures.degraded_rate))
     return FleetSnapshot(
         taken_at=time.time() if now is None else now, namespace=namespace, broker=broker,
         lanes=tuple(lanes), workers=tuple(sorted(workers, key=lambda w: w.worker_id)),

@@ -30,6 +30,7 @@ from batchfleet.schemas.registry import (
     F_DECLARED,
     F_LANE_SHARDS,
     F_LANE_SHARDS_MAX,
+    F_PAUSED,
     F_POLICY,
     SERVED_PREFIX,
     SERVED_WITHIN_S,
@@ -37,6 +38,7 @@ from batchfleet.schemas.registry import (
     Declaration,
     ModelRecord,
     ModelVersion,
+    Pause,
     PolicyChange,
     RolloutPolicy,
     decode_history,
@@ -81,6 +83,16 @@ class MemoryModelRegistry(RedisModelRegistry):
         with self._state.lock:
             rows = [(n, dict(f)) for n, f in sorted(self._hashes.items())]
         return [_decoded(n, f) or ModelRecord(n) for n, f in rows]
+
+    async def set_paused(self, name: str, pause: Pause | None) -> None:
+        with self._state.lock:
+            fields = self._hashes.get(name)
+            if not fields:
+                raise UnknownModelError(f"model {name!r} is not in the registry")
+            if pause is None:
+                fields.pop(F_PAUSED, None)
+            else:
+                fields[F_PAUSED] = pack(pause.to_wire())
 
     async def declare(self, name: str, declaration: Declaration) -> None:
         with self._state.lock:

@@ -84,6 +84,13 @@ class MemoryDeadLetters:
                 return
             start = _parse_id(batch[-1].entry_id)
 
+    async def newest(self, model: str, count: int, before: str = "") -> list[DeadLetter]:
+        end = _parse_id(before) if before else None
+        with self._state.lock:
+            found = [dl for key, dl in sorted(self._letters.get(model, {}).items(),
+                                              reverse=True) if end is None or key < end]
+        return found[:count]
+
     async def list(self, model: str) -> list[DeadLetter]:
         return [dl async for batch in self.pages(model) for dl in batch]
 

@@ -50,6 +50,7 @@ from batchfleet.schemas.registry import (
     F_DECLARED,
     F_LANE_SHARDS,
     F_LANE_SHARDS_MAX,
+    F_PAUSED,
     F_POLICY,
     SERVED_PREFIX,
     SERVED_WITHIN_S,
@@ -58,6 +59,7 @@ from batchfleet.schemas.registry import (
     GuardThresholds,
     ModelRecord,
     ModelVersion,
+    Pause,
     PolicyChange,
     RolloutPolicy,
     TensorSpec,
@@ -185,6 +187,7 @@ class ModelRegistry(Protocol):
     async def rollback(self, name: str, *, who: str, why: str = "",
                        if_canary: str) -> RolloutPolicy | None: ...
     async def history(self, name: str, limit: int = HISTORY_MAX) -> list[PolicyChange]: ...
+    async def set_paused(self, name: str, pause: Pause | None) -> None: ...
 
 
 class RedisModelRegistry:
@@ -240,6 +243,18 @@ class RedisModelRegistry:
         found = (_decoded(name, fields) for name, fields in zip(ordered, rows, strict=True))
         # A name whose hash is gone (evicted) still counts: a worker re-asserts it soon.
         return [r or ModelRecord(name) for name, r in zip(ordered, found, strict=True)]
+
+    async def set_paused(self, name: str, pause: Pause | None) -> None:
+        """Pause the model's lanes (workers stop fetching them), or resume them (None).
+        UnknownModelError for a model with no record."""
+        key = self._names.model(name)
+        with wrap_errors(ResultStoreError, f"cannot pause or resume model {name!r}"):
+            if not await self._redis.exists(key):
+                raise UnknownModelError(f"model {name!r} is not in the registry")
+            if pause is None:
+                await self._redis.hdel(key, F_PAUSED)
+            else:
+                await self._redis.hset(key, F_PAUSED, pack(pause.to_wire()))
 
     async def declare(self, name: str, declaration: Declaration) -> None:
         """Declare a model ahead of its workers (replacing an earlier declaration)."""

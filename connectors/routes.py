@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.schemas.errors import ResultStoreError, ValidationError
 from batchfleet.schemas.names import Names
-from batchfleet.schemas.registry import RolloutPolicy, decode_record
+from batchfleet.schemas.registry import Pause, RolloutPolicy, decode_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,8 @@ class RouteTable:
     versions: frozenset[str]
     #: Labels some live worker holds now: where routing may send requests.
     held: frozenset[str]
+    #: An operator paused the model's lanes (``ModelRegistry.set_paused``); None: not.
+    paused: Pause | None = None
 
 
 #: How long a settled route is kept: a day, as long as a result by default.
@@ -90,4 +92,4 @@ def route_table(model: str, fields: Mapping[Any, Any], now: float) -> RouteTable
         return None
     held = frozenset(label for s in record.served.values() if s.live(now)
                      for label in s.labels)
-    return RouteTable(record.policy, frozenset(record.versions), held)
+    return RouteTable(record.policy, frozenset(record.versions), held, record.paused)

@@ -46,6 +46,10 @@ class HeartbeatRecord:
     #: Per model: the rollout policy epoch this worker routes by, and when it applied it.
     policy_epochs: dict[str, int] = field(default_factory=dict)
     policy_applied_at: dict[str, float] = field(default_factory=dict)
+    #: Per model: its own req/s (``rps``) and counters since start (``batches``, ``rows``,
+    #: terminal writes by status; ``degraded`` once workers report it). Absent from older
+    #: workers, whose whole rate then stands for each model they serve.
+    model_stats: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Every other field the worker sent (vitals this reader does not model).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,7 +73,7 @@ def decode_heartbeat(raw: bytes) -> HeartbeatRecord | None:
     source = nested if isinstance(nested, dict) else info
     known = {"v", "worker_id", "host", "started_at", "seen_at", "models", "device", "broker",
              "breakers", "buffered", "throughput_rps", "counters", "lanes", "policy_epochs",
-             "policy_applied_at", *COUNTERS}
+             "policy_applied_at", "model_stats", *COUNTERS}
     seen, started = info.get("seen_at"), info.get("started_at")
     return HeartbeatRecord(
         worker_id=str(info["worker_id"]), host=str(info.get("host", "")),
@@ -86,4 +90,14 @@ def decode_heartbeat(raw: bytes) -> HeartbeatRecord | None:
         policy_epochs={str(k): int(v) for k, v in (info.get("policy_epochs") or {}).items()},
         policy_applied_at={str(k): float(v)
                            for k, v in (info.get("policy_applied_at") or {}).items()},
+        model_stats=_model_stats(info.get("model_stats")),
         extra={k: v for k, v in info.items() if k not in known})
+
+
+def _model_stats(raw: Any) -> dict[str, dict[str, float]]:
+    """Per-model figures, numbers only (a field this reader cannot read is left out)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(model): {str(k): float(v) for k, v in figures.items()
+                         if isinstance(v, int | float) and not isinstance(v, bool)}
+            for model, figures in raw.items() if isinstance(figures, dict)}

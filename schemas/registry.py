@@ -55,6 +55,8 @@ F_DECLARED: Final = "declared"
 F_POLICY: Final = "policy"
 F_LANE_SHARDS: Final = "lane_shards"
 F_LANE_SHARDS_MAX: Final = "lane_shards_max"
+#: An operator's pause of the model's lanes (``{at, who, why}``); absent: not paused.
+F_PAUSED: Final = "paused"
 VERSION_PREFIX: Final = "version:"
 SERVED_PREFIX: Final = "served:"
 
@@ -289,6 +291,18 @@ def decode_history(raw: Sequence[bytes]) -> list[PolicyChange]:
 
 
 @dataclass(frozen=True, slots=True)
+class Pause:
+    """An operator paused the model's lanes: workers stop fetching them until resumed."""
+
+    at: float
+    who: str
+    why: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"at": self.at, "who": self.who, "why": self.why}
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRecord:
     """Everything the fleet knows about one model."""
 
@@ -300,6 +314,7 @@ class ModelRecord:
     lane_shards: int = 1
     #: High-water mark of ``lane_shards``: shards ``0..lane_shards_max-1`` may hold entries.
     lane_shards_max: int = 1
+    paused: Pause | None = None
 
     @property
     def consumed_shards(self) -> int:
@@ -372,6 +387,7 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
     declared: Declaration | None = None
     policy = RolloutPolicy()
     lane_shards = lane_shards_max = 1
+    paused: Pause | None = None
     for raw_key, raw in fields.items():
         key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
         try:
@@ -382,7 +398,7 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
                 lane_shards_max = int(raw)
                 continue
             if not (key.startswith((VERSION_PREFIX, SERVED_PREFIX))
-                    or key in (F_DECLARED, F_POLICY)):
+                    or key in (F_DECLARED, F_POLICY, F_PAUSED)):
                 continue  # a later version's field: ignored, as the wire doc promises
             value = msgpack.unpackb(raw, raw=False)
             if key.startswith(VERSION_PREFIX):
@@ -399,10 +415,13 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
                                        TensorSpec.from_wire(value.get("output")))
             elif key == F_POLICY:
                 policy = RolloutPolicy.from_wire(value)
+            elif key == F_PAUSED:
+                paused = Pause(float(value["at"]), str(value["who"]), str(value.get("why", "")))
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise ValidationError(f"model {name!r}: registry field {key!r} is malformed: {exc}"
                                   ) from exc
-    return ModelRecord(name, versions, declared, served, policy, lane_shards, lane_shards_max)
+    return ModelRecord(name, versions, declared, served, policy, lane_shards, lane_shards_max,
+                       paused)
 
 
 Interface = Literal["sdk", "cli", "http"]

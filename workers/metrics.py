@@ -26,6 +26,9 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _DIFF_BUCKETS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)
 #: Weight of the newest throughput sample in the moving average behind time-to-drain.
 _EWMA_ALPHA = 0.3
+#: Per-model counters in the heartbeat's ``model_stats`` (with ``rps``); terminal statuses
+#: count first writes only, as ``batchfleet_requests`` does.
+MODEL_COUNTERS = ("batches", "rows", "succeeded", "failed", "expired", "cancelled")
 #: How many recent latencies per lane the p99 is computed over.
 _RECENT = 2048
 
@@ -87,18 +90,19 @@ class WorkerMetrics:
                                          "breaker has opened", ["model"], registry=r)
         self.lane_pauses = Counter("batchfleet_lane_pauses", "Times this worker stopped "
                                    "pulling a model's lanes (its breaker or the store's "
-                                   "opened)", ["model"], registry=r)
+                                   "opened, or an operator paused them)", ["model"], registry=r)
         self.in_flight = Gauge("batchfleet_in_flight", "Requests fetched and not yet acked",
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
-        self.output_drift = Gauge("batchfleet_output_drift", "A version's fleet-merged "
-                                  "output drift against its reference (stat: psi, ks, "
-                                  "nan_rate_change, class_share_change; docs/monitoring.md)",
-                                  ["model", "version", "stat"], registry=r)
-        self.output_nan_ratio = Gauge("batchfleet_output_nan_ratio", "Share of a version's "
-                                      "output values that are NaN (fleet-merged)",
-                                      ["model", "version"], registry=r)
+        # what each version answers (docs/monitoring.md)
+        self.output_drift, self.output_nan_ratio = (
+            Gauge("batchfleet_output_drift", "A version's fleet-merged output drift against "
+                  "its reference (stat: psi, ks, nan_rate_change, class_share_change, and "
+                  "input_ for its inputs; docs/monitoring.md)", ["model", "version", "stat"],
+                  registry=r),
+            Gauge("batchfleet_output_nan_ratio", "Share of a version's output values that "
+                  "are NaN (fleet-merged)", ["model", "version"], registry=r))
         self.model_accuracy = Gauge("batchfleet_model_accuracy_diff", "A non-eager runtime's "
                                     "difference from eager fp32 on the calibration rows "
                                     "(stat: max_abs, mean_abs, relative)", ["model", "stat"],
@@ -156,16 +160,40 @@ class WorkerMetrics:
         self._done_since = 0
         self._last_sample = time.monotonic()
         self._rate = 0.0
-        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat.
+        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat; and
+        #: recent queue waits (per request) and compute times (per batch), for the console.
         self._recent: dict[tuple[str, str], deque[float]] = {}
+        self._recent_queue: dict[tuple[str, str], deque[float]] = {}
+        self._recent_compute: dict[tuple[str, str], deque[float]] = {}
         #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
         self.lanes: dict[str, dict[str, float | None]] = {}
         self.throughput_rps = 0.0
         self._pauses: dict[str, int] = {}
+        #: Per model: terminal writes since the last sample, the rate's moving average,
+        #: and counters since start (the heartbeat's ``model_stats``; status reads them).
+        self._model_done: dict[str, int] = {}
+        self._model_rate: dict[str, float] = {}
+        self._model_counts: dict[str, dict[str, int]] = {}
 
     def on_batch(self, model: str, lane: str, size: int, compute_s: float) -> None:
         self.batch_size.labels(model, lane).observe(size)
         self.compute.labels(model, lane).observe(compute_s)
+        counts = self._counts(model)
+        counts["batches"] += 1
+        counts["rows"] += size
+        _recent(self._recent_compute, (model, lane)).append(compute_s)
+
+    def _counts(self, model: str) -> dict[str, int]:
+        counts = self._model_counts.get(model)
+        if counts is None:
+            counts = self._model_counts[model] = dict.fromkeys(MODEL_COUNTERS, 0)
+        return counts
+
+    def model_stats(self) -> dict[str, dict[str, float]]:
+        """Per model: its own req/s (moving average, as ``throughput_rps``) and its counters
+        since start: batches and rows computed, terminal writes by status."""
+        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts}
+                for model, counts in sorted(self._model_counts.items())}
 
     def on_lanes_paused(self, models: Iterable[str]) -> None:
         for model in models:
@@ -200,14 +228,16 @@ class WorkerMetrics:
         for status_key, n in counts.items():
             self.requests.labels(*status_key).inc(n)
             self._done_since += n
+            model, _, status = status_key
+            self._model_done[model] = self._model_done.get(model, 0) + n
+            per_model = self._counts(model)
+            per_model[status] = per_model.get(status, 0) + n
         for lane_key, values in latencies.items():
             _observe_all(self.end_to_end.labels(*lane_key), values)
-            recent = self._recent.get(lane_key)
-            if recent is None:
-                recent = self._recent[lane_key] = deque(maxlen=_RECENT)
-            recent.extend(values)
+            _recent(self._recent, lane_key).extend(values)
         for lane_key, values in queue_waits.items():
             _observe_all(self.queue_wait.labels(*lane_key), values)
+            _recent(self._recent_queue, lane_key).extend(values)
 
     def retries_and_dlq(self, done: Completed) -> None:
         for delivery in done.rescheduled:
@@ -221,9 +251,12 @@ class WorkerMetrics:
         now = time.monotonic()
         elapsed = max(1e-6, now - self._last_sample)
         rate = self._done_since / elapsed
-        self._rate = rate if self._rate == 0 else (
-            _EWMA_ALPHA * rate + (1 - _EWMA_ALPHA) * self._rate)
+        self._rate = _ewma(self._rate, rate)
         self._done_since, self._last_sample = 0, now
+        for model in {*self._model_done, *self._model_rate}:
+            self._model_rate[model] = _ewma(self._model_rate.get(model, 0.0),
+                                            self._model_done.get(model, 0) / elapsed)
+        self._model_done = {}
         for lane in backlog:
             self.backlog.labels(lane.model, lane.lane).set(lane.depth)
             if lane.oldest_age_s is not None:
@@ -231,11 +264,13 @@ class WorkerMetrics:
             drain = lane.depth / self._rate if self._rate > 0 else (
                 0.0 if not lane.depth else float("inf"))
             self.time_to_drain.labels(lane.model, lane.lane).set(drain)
-            recent = self._recent.get((lane.model, lane.lane))
+            key = (lane.model, lane.lane)
             self.lanes[f"{lane.model}/{lane.lane}"] = {
                 "backlog": lane.depth, "oldest_age_s": lane.oldest_age_s,
                 "time_to_drain_s": drain if drain != float("inf") else None,
-                "p99_ms": float(np.percentile(recent, 99)) * 1000.0 if recent else None,
+                **_percentiles("", self._recent.get(key), (50, 95, 99)),
+                **_percentiles("queue_", self._recent_queue.get(key), (50, 99)),
+                **_percentiles("compute_", self._recent_compute.get(key), (50, 99)),
             }
         self.throughput_rps = self._rate
         for model, size in dlq_sizes.items():
@@ -251,6 +286,28 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _recent(recent: dict[tuple[str, str], deque[float]], key: tuple[str, str]
+            ) -> deque[float]:
+    found = recent.get(key)
+    if found is None:
+        found = recent[key] = deque(maxlen=_RECENT)
+    return found
+
+
+def _percentiles(prefix: str, values: deque[float] | None, which: tuple[int, ...]
+                 ) -> dict[str, float | None]:
+    """``{prefix}p50_ms`` ...: percentiles of recent seconds, in ms (None: none yet)."""
+    if not values:
+        return {f"{prefix}p{q}_ms": None for q in which}
+    found = np.percentile(values, which) * 1000.0
+    return {f"{prefix}p{q}_ms": float(v) for q, v in zip(which, found, strict=True)}
+
+
+def _ewma(average: float, sample: float) -> float:
+    """The moving average behind the rates; the first sample is taken whole."""
+    return sample if average == 0 else _EWMA_ALPHA * sample + (1 - _EWMA_ALPHA) * average
 
 
 def _observe_all(child: Histogram, values: list[float]) -> None:

@@ -10,6 +10,12 @@ tensor built up front: the model and nothing else, the strict ceiling the
 ratios use. ``handler`` runs ``ModelRunner.run`` on a list of per-request
 arrays, exactly what the worker's compute thread does (stack, forward, split
 rows), so the gap between the two is the collation cost.
+
+Both run on the device a worker started with the default ``--device auto`` picks
+(CUDA where there is one), since the bench's workers run there too; on CUDA each
+step waits for the device (``torch.cuda.synchronize``), so a round times work done,
+not work queued. On CUDA :func:`copy_timings` also times the host-to-device copy of
+one batch from pageable and from pinned memory, alone and beside a forward pass.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 
 from batchfleet.bench.procstat import system_busy_seconds
 from batchfleet.demo import demo_inputs
+from batchfleet.workers.device import resolve_device
 from batchfleet.workers.models import load_models
 from batchfleet.workers.runner import ModelRunner
 
@@ -99,17 +106,73 @@ def model_ceiling(model: str, batch_size: int, seconds: float, threads: int, rou
     """Time ``model`` alone at ``batch_size`` with ``threads`` torch threads; both loops."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    device = resolve_device("auto")  # the worker's default, so both run on the same device
+    wait = waiter(device)
+    copies: dict[str, Any] | None = None
     try:
         handler = load_models((model,), batch_size)[model]
-        runner = ModelRunner({model: handler}, torch.device("cpu"))
+        runner = ModelRunner({model: handler}, device)
         runner.setup()
         rows = list(demo_inputs(model, batch_size))
         batch = handler.preprocess(rows)
-        forward, forward_rounds = best_of(lambda: handler.predict(batch), batch_size, seconds,
-                                          rounds)
+        forward, forward_rounds = best_of(lambda: wait(handler.predict(batch)), batch_size,
+                                          seconds, rounds)
         full, full_rounds = best_of(lambda: runner.run(model, rows), batch_size, seconds, rounds)
+        if device.type == "cuda":
+            copies = copy_timings(rows, lambda: handler.predict(batch), device)
     finally:
         torch.set_num_threads(previous)
-    return {"model": model, "batch_size": batch_size, "torch_threads": threads,
-            "forward": {**forward.as_dict(), "rounds": [round(r, 1) for r in forward_rounds]},
-            "handler": {**full.as_dict(), "rounds": [round(r, 1) for r in full_rounds]}}
+    out = {"model": model, "batch_size": batch_size, "torch_threads": threads,
+           "device": str(device),
+           "forward": {**forward.as_dict(), "rounds": [round(r, 1) for r in forward_rounds]},
+           "handler": {**full.as_dict(), "rounds": [round(r, 1) for r in full_rounds]}}
+    if copies is not None:
+        out["copies"] = copies
+    return out
+
+
+def waiter(device: torch.device) -> Callable[[object], object]:
+    """A step's result, once the device has finished it (CUDA runs asynchronously)."""
+    if device.type != "cuda":
+        return lambda result: result
+
+    def wait(result: object) -> object:
+        torch.cuda.synchronize(device)
+        return result
+
+    return wait
+
+
+def copy_timings(rows: list[Any], forward: Callable[[], object], device: torch.device,
+                 repeats: int = 50) -> dict[str, float]:
+    """Milliseconds per batch for the host-to-device copy of ``rows`` (the first input
+    tensor of each): from pageable memory, from pinned memory with ``non_blocking``, and
+    a forward pass alone and with a pinned copy issued on a side stream beside it. When
+    ``forward_with_copy_ms`` is close to ``forward_ms``, the copy overlaps compute."""
+    import numpy as np
+
+    first = [r if isinstance(r, np.ndarray) else next(iter(r.values())) for r in rows]
+    pageable = torch.from_numpy(np.stack(first))
+    pinned = pageable.pin_memory()
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+    def timed(step: Callable[[], object]) -> float:
+        step()
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1000.0 / repeats
+
+    def copy_beside() -> None:
+        with torch.cuda.stream(side):
+            pinned.to(device, non_blocking=True)
+        forward()
+
+    return {"bytes": float(pageable.numel() * pageable.element_size()),
+            "pageable_ms": round(timed(lambda: pageable.to(device)), 4),
+            "pinned_non_blocking_ms": round(
+                timed(lambda: pinned.to(device, non_blocking=True)), 4),
+            "forward_ms": round(timed(forward), 4),
+            "forward_with_copy_ms": round(timed(copy_beside), 4)}

@@ -77,7 +77,7 @@ def worker(svc: Services, transport: str, model: str, max_batch_size: int,
     ``extra_args`` are further worker options (e.g. ``--latency-slo-ms 20``)."""
     proc = WorkerProcess(
         svc.broker_for(transport), svc.redis_url, models=(model,), namespace=namespace,
-        log_level="warning", env=dict(svc.worker_env), keep_log=False,
+        log_level="warning", env=dict(svc.worker_env), keep_log=False, device="auto",
         extra_args=("--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
                     *extra_args))
     with proc:

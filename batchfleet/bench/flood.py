@@ -97,6 +97,7 @@ def run_flood(svc: fleet.Services, plan: FloodPlan, seed: int) -> dict[str, Any]
     proc = WorkerProcess(
         svc.broker_for(plan.transport), svc.redis_url, models=("demo-mlp", "demo-encoder"),
         namespace=namespace, log_level="warning", env=dict(svc.worker_env), keep_log=False,
+        device="auto",
         extra_args=("--max-batch-size", str(plan.max_batch_size),
                     "--max-wait-ms", str(plan.max_wait_ms)))
     started = time.time()

@@ -96,12 +96,18 @@ def latency_table(report: dict[str, Any]) -> str:
 def baselines_table(report: dict[str, Any]) -> str:
     rows = []
     for c in report.get("ceilings", {}).values():
+        copies = c.get("copies")
+        copy_note = ("" if not copies else
+                     f"; H2D copy {_fmt(copies['pageable_ms'], 3)} ms pageable, "
+                     f"{_fmt(copies['pinned_non_blocking_ms'], 3)} ms pinned; forward "
+                     f"{_fmt(copies['forward_ms'], 3)} ms alone, "
+                     f"{_fmt(copies['forward_with_copy_ms'], 3)} ms with a copy beside it")
         rows.append((f"model alone: {c['model']}", f"batch {c['batch_size']}, "
-                     f"{c['torch_threads']} torch threads",
+                     f"{c['torch_threads']} torch threads, {c.get('device', 'cpu')}",
                      _fmt(c["forward"]["samples_per_s"]),
                      f"handler path {_fmt(c['handler']['samples_per_s'])}/s; "
                      f"{_fmt(c['forward']['ms_per_batch'], 3)} ms/batch; "
-                     f"CPU/wall {c['forward']['cpu_per_wall']:.2f}"))
+                     f"CPU/wall {c['forward']['cpu_per_wall']:.2f}{copy_note}"))
     rq = report.get("naive_rq", {})
     fastest = rq.get("fastest", {})
     for r in [*rq.get("runs", []), *([rq["pool"]] if "pool" in rq else [])]:

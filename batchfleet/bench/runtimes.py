@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from batchfleet.bench.ceiling import best_of
+from batchfleet.bench.ceiling import best_of, waiter
 from batchfleet.bench.closed_loop import closed_loop
 from batchfleet.bench.fleet import new_namespace, services
 from batchfleet.bench.procstat import CpuMeter
@@ -62,25 +62,34 @@ def available(model: str, device: torch.device,
 
 
 def model_alone(model: str, choices: Sequence[RuntimeChoice], batch_size: int,
-                seconds: float, rounds: int = 4) -> dict[str, dict[str, Any]]:
+                seconds: float, rounds: int = 4,
+                device: torch.device | None = None
+                ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Start-up, gate and the forward-only ceiling of each combination, in this process.
 
     Every handler is built first; then the timed rounds go round-robin over them, and
     each keeps its best round. On a shared machine a burst of someone else's load then
     lands on every combination alike instead of on whichever ran at that moment.
     """
+    device = device or torch.device("cpu")
+    wait = waiter(device)
     built: dict[str, tuple[Any, Any, float]] = {}
+    gated: dict[str, str] = {}
     for choice in choices:
         start = time.perf_counter()
-        handler = load_model(model, batch_size, choice)
-        handler.setup(torch.device("cpu"))
+        try:
+            handler = load_model(model, batch_size, choice)
+            handler.setup(device)  # the accuracy gate runs here, on the device
+        except ConfigError as exc:  # refused: listed with its reason, not fatal
+            gated[choice.label] = str(exc)
+            continue
         startup_s = time.perf_counter() - start
         built[choice.label] = (handler, handler.preprocess(list(demo_inputs(model, batch_size))),
                                startup_s)
     best: dict[str, list[float]] = {label: [] for label in built}
     for _ in range(rounds):
         for label, (handler, batch, _) in built.items():
-            timing, _ = best_of(partial(handler.predict, batch), batch_size,
+            timing, _ = best_of(partial(_predicted, handler, batch, wait), batch_size,
                                 seconds / rounds, 1)
             best[label].append(timing.samples_per_s)
     found: dict[str, dict[str, Any]] = {}
@@ -91,7 +100,11 @@ def model_alone(model: str, choices: Sequence[RuntimeChoice], batch_size: int,
                         "startup_s": round(startup_s, 2),
                         "startup_parts_s": info.get("startup_s", {}),
                         "accuracy": info.get("accuracy"), "version": handler.version}
-    return found
+    return found, gated
+
+
+def _predicted(handler: Any, batch: Any, wait: Any) -> object:
+    return wait(handler.predict(batch))
 
 
 async def _end_to_end(svc_redis: str, model: str, choice: RuntimeChoice, batch_size: int,
@@ -100,7 +113,8 @@ async def _end_to_end(svc_redis: str, model: str, choice: RuntimeChoice, batch_s
     args = ("--max-batch-size", str(batch_size), "--max-wait-ms", "5",
             "--runtime", choice.runtime, "--precision", choice.precision)
     proc = WorkerProcess(svc_redis, svc_redis, models=(model,), namespace=namespace,
-                         log_level="warning", extra_args=args, keep_log=False)
+                         log_level="warning", extra_args=args, keep_log=False,
+                         device="auto")
     with proc:
         start = time.perf_counter()
         await asyncio.to_thread(proc.wait_ready, 600.0)
@@ -129,9 +143,10 @@ def bench_runtimes(models: Sequence[str], out: Path, *, seconds: float = 8.0,
         for model in models:
             batch = (batch_sizes or {}).get(model, DEFAULT_BATCH.get(model, 32))
             runnable, refused = available(model, device, wanted)
-            alone = model_alone(model, runnable, batch, seconds)
+            alone, gated = model_alone(model, runnable, batch, seconds, device=device)
+            refused.update(gated)  # the accuracy gate refused them: listed, not fatal
             rows: dict[str, Any] = {}
-            for choice in runnable:
+            for choice in (c for c in runnable if c.label in alone):
                 e2e = asyncio.run(_end_to_end(svc.redis_url, model, choice, batch, seconds,
                                               max_requests))
                 rows[choice.label] = {"model_alone": alone[choice.label], "end_to_end": e2e}

@@ -19,6 +19,9 @@ from batchfleet.producers.bulk.errors import BulkError
 
 T = TypeVar("T")
 
+#: How often a swallowed SIGTERM cancel is issued again (see ``insist``).
+RECANCEL_S = 0.25
+
 
 class Stopped(BulkError):
     """The run was stopped by a signal after saving its progress."""
@@ -48,6 +51,19 @@ def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
             if not received:  # a second SIGTERM must not cut the clean-up short
                 received.append(signal.SIGTERM)
                 task.cancel()
+                loop.call_later(RECANCEL_S, insist)
+
+        def insist() -> None:
+            """Cancel again while the first request was swallowed: a timeout that expired
+            as the cancel arrived can take it for its own and ``uncancel()`` it (Python
+            3.11's ``asyncio.timeout``/``wait_for``), and the job then ran to its end.
+            While the clean-up runs the request is still pending (``cancelling() > 0``),
+            so this never cuts the clean-up short."""
+            if task.done():
+                return
+            if task.cancelling() == 0:
+                task.cancel()
+            loop.call_later(RECANCEL_S, insist)
 
         loop.add_signal_handler(signal.SIGTERM, stop)
         try:

@@ -28,10 +28,12 @@ from batchfleet.producers.gateway.settings import GatewaySettings
 log = structlog.get_logger("batchfleet.gateway")
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings, host: str = "127.0.0.1") -> FastAPI:
+    """``host``: where the server listens (the console's cookie is ``Secure`` off loopback)."""
     settings = settings.validated()
     results_url = results_url_for(BrokerURL.parse(settings.broker), settings.results)
     metrics = GatewayMetrics()
+    console = _console(settings, host) if settings.console else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,7 +58,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             max_connections=settings.redis_max_connections)
         app.state.gateway = Gateway(settings, client, plane, metrics, id_secret)
         try:
-            yield
+            if console is not None:
+                async with console.state.lifespan(console):
+                    yield
+            else:
+                yield
         finally:
             await client.close()
             await plane.close()
@@ -70,4 +76,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(operations)
     app.include_router(models)
     app.include_router(admin)
+    if console is not None:
+        app.mount("/console", console)
     return app
+
+
+def _console(settings: GatewaySettings, host: str) -> FastAPI:
+    """The console app over the gateway's broker and keys (FastAPI is here already)."""
+    from batchfleet.producers.console.app import create_console_app
+    from batchfleet.producers.console.sessions import KeySource
+    from batchfleet.producers.console.settings import ConsoleSettings
+
+    return create_console_app(
+        ConsoleSettings(broker=settings.broker, results=settings.results,
+                        namespace=settings.namespace, host=host),
+        KeySource(fixed=settings.keys))

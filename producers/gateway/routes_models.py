@@ -10,6 +10,7 @@ key that may use the model gets 403. Changes are recorded as made by ``api-key:{
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
@@ -91,9 +92,14 @@ async def put_rollout(model: str, body: PolicyIn, gw: GatewayDep, key: KeyDep
                       ) -> dict[str, Any]:
     """Replace the policy (bumps its epoch). The versions must be registered once workers
     registered any; 422 says what is wrong, and nothing changes then. Admin keys only."""
-    guard = None if body.guard is None else GuardThresholds(
-        body.guard.error_points, body.guard.p99_ratio, body.guard.min_window)
-    done = await _rollouts(gw).set(_admin(key, model), stable=body.stable, canary=body.canary,
+    name = _admin(key, model)
+    guard = None
+    if body.guard is not None:  # the thresholds HTTP sets; the CLI-only ones are kept
+        record = await _rollouts(gw).registry.get(name)
+        guard = replace(record.policy.guard if record is not None else GuardThresholds(),
+                        error_points=body.guard.error_points,
+                        p99_ratio=body.guard.p99_ratio, min_window=body.guard.min_window)
+    done = await _rollouts(gw).set(name, stable=body.stable, canary=body.canary,
                                    percent=body.percent, shadow=body.shadow, guard=guard,
                                    who=_who(key), why=body.why)
     return done.to_wire()

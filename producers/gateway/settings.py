@@ -71,6 +71,10 @@ class GatewaySettings:
     admit_max_backlog: int = field(default=0, metadata=opt(
         "Answer 503 while a lane holds this many requests (0: no limit).",
         env="BATCHFLEET_ADMIT_MAX_BACKLOG"))
+    #: The operator console at /console/ (``producers/console``), signed in with admin keys.
+    console: bool = field(default=False, metadata=opt(
+        "Also serve the operator console at /console/; admin-scoped keys sign in "
+        "(docs/operations.md, \"Console\").", env=_ENV + "CONSOLE"))
     #: How long the list of served models is trusted before it is read again.
     model_list_ttl_s: float = field(default=5.0, metadata=opt(
         "How long the list of served models is trusted.", internal=True))

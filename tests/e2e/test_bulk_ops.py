@@ -67,10 +67,6 @@ async def test_two_jobs_whose_outputs_share_a_stem_keep_their_own_errors(
     assert Path(a.errors).name == "out.stem-a.errors.jsonl"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known, intermittent since before this stop (2 of 6 runs at 8b9ea09): the job's one "
-    "task.cancel() on SIGTERM is sometimes lost (producers/bulk/stopping.py), so the job "
-    "scores every row instead of stopping at a checkpoint"))
 async def test_sigterm_saves_a_final_checkpoint_and_shows_the_cursor_again(
         redis_url: str, tmp_path: Path) -> None:
     write_jsonl(tmp_path / "in.jsonl", mlp_inputs(30_000, 3))

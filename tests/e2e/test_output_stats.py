@@ -29,8 +29,8 @@ N = 6000
 async def _phase(client: AsyncClient, workers: tuple[Worker, Worker], mean: float,
                  seed: int) -> float:
     """Send N requests from N(mean, 1), wait for them, flush both workers; returns when
-    the phase began (windows are 1 s; the phase starts on a fresh one)."""
-    await asyncio.sleep(1.1)
+    the phase began (windows are 1 s; a phase starts two windows after the last one)."""
+    await asyncio.sleep(2.1)
     began = time.time()
     rows = np.random.default_rng(seed).normal(mean, 1.0, size=(N, 10)).astype(np.float32)
     ids = await client.submit_many(MODEL, list(rows))
@@ -94,7 +94,7 @@ async def test_two_workers_merge_exactly_and_drift_shows_against_the_baseline(
         c = await _phase(client, workers, 1.0, 3)  # inputs drift: N(0,1) -> N(1,1)
         code, out, err = await run_cli(
             "models", "outputs", MODEL, "--inputs", "--json", "--broker", redis_url,
-            "--since-s", f"{time.time() - c:.1f}")
+            "--since-s", f"{max(1.0, time.time() - c):.1f}")  # --since-s is >= 1
         assert code == 0, err
         body = json.loads(out)
         assert [r["version"] for r in body] == ["default"]

@@ -68,6 +68,7 @@ async def test_a_canary_failing_one_in_five_is_rolled_back_once_with_why(
         assert judged >= WINDOW
         rate = float(why.removeprefix("canary error rate ").split("%")[0])
         assert rate >= 5.0, why
+        print(f"error guard: {why}")
 
         # Exactly one rollback, by one worker, however many judged it.
         results = await client.wait_many(ids, timeout=90)

@@ -215,6 +215,24 @@ async def test_cli_guard_flags_and_the_agreement_gate(registry: RedisModelRegist
     assert "psi" not in off["guard"] and off["guard"]["agreement"] == 0.9
 
 
+async def test_an_http_guard_body_keeps_the_cli_only_thresholds(registry: RedisModelRegistry,
+                                                               redis_url: str) -> None:
+    """``PUT …/rollout`` with a ``guard`` object sets the three thresholds it has and keeps
+    ``psi``, ``nan_points`` and ``agreement`` (set from the CLI)."""
+    await _rollout(redis_url, "set", "demo-mlp", "--stable", "default", "--guard-psi", "0.2",
+                   "--guard-nan-points", "1", "--guard-agreement", "0.9")
+    with live_gateway(gateway_settings(redis_url, namespace=NS, keys=KEYS)) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            body = {"stable": "default", "canary": "v2", "percent": 10,
+                    "guard": {"error_points": 3, "p99_ratio": 4, "min_window": 100}}
+            put = await http.put("/v1/models/demo-mlp/rollout", json=body,
+                                 headers={"X-API-Key": ADMIN})
+            assert put.status_code == 200, put.text
+    guard = (await registry.get_policy("demo-mlp")).guard
+    assert guard.to_wire() == {"error_points": 3.0, "p99_ratio": 4.0, "min_window": 100,
+                               "psi": 0.2, "nan_points": 1.0, "agreement": 0.9}
+
+
 async def test_http_rollout_needs_an_admin_key(registry: RedisModelRegistry,
                                                redis_url: str) -> None:
     with live_gateway(gateway_settings(redis_url, namespace=NS, keys=KEYS)) as base:

@@ -119,6 +119,12 @@ async def test_status_shows_throughput_then_a_stalled_lane_with_its_dlq_and_open
         assert lane["lag"] == 30 and lane["pending"] is None
     assert only["models"] == [MODEL] and only["breakers"]["model"] == "open"
     assert only["counters"]["succeeded"] == 1000 and only["counters"]["dead_lettered"] == 2
+    # issue 30: the model's own batch size and error share, from its per-model counters
+    assert only["model_stats"][MODEL]["succeeded"] == 1000
+    assert only["model_stats"][MODEL]["failed"] == 2
+    assert lane["error_rate"] == round(2 / 1002, 4) and lane["degraded_rate"] is None
+    stats = only["model_stats"][MODEL]
+    assert lane["mean_batch_size"] == round(stats["rows"] / stats["batches"], 2) > 1
     assert snap["totals"] == {"workers": 1, "throughput_rps": snap["totals"]["throughput_rps"],
                               "depth": 30, "dlq": 2, "undecodable": 0, "retry_scheduled": 0}
 

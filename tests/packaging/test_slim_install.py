@@ -137,6 +137,10 @@ def test_the_wheel_holds_only_the_batchfleet_namespace(slim: SlimVenv) -> None:
     assert not [n for n in names if n.endswith(".png")]  # the bench's plots stay in docs/
     assert not [n for n in names if n.startswith("batchfleet/bench/")]  # batchfleet-bench's
     assert "batchfleet-0.1.0.dist-info/licenses/LICENSE" in names
+    # the console's page and uPlot ship in the wheel, its license beside it (issue 30)
+    static = "batchfleet/producers/console/static/"
+    assert {static + f for f in ("index.html", "console.js", "console.css", "uPlot.iife.min.js",
+                                 "uPlot.min.css", "uPlot.LICENSE")} <= set(names)
 
 
 def test_no_top_level_packages_in_site_packages(slim: SlimVenv) -> None:

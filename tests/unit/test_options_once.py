@@ -160,6 +160,7 @@ GATEWAY_ENV = {
     "redis_max_connections": "BATCHFLEET_GATEWAY_REDIS_MAX_CONNECTIONS",
     "admit_max_memory": "BATCHFLEET_ADMIT_MAX_MEMORY",
     "admit_max_backlog": "BATCHFLEET_ADMIT_MAX_BACKLOG",
+    "console": "BATCHFLEET_GATEWAY_CONSOLE",  # issue 30
     "log_level": "BATCHFLEET_LOG_LEVEL",
 }
 #: Their defaults before, as --help showed them.

@@ -18,6 +18,7 @@ from batchfleet.workers.middleware.health import HealthEndpoint
 from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.output_stats import OutputStats
+from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
 from batchfleet.workers.middleware.result_cache import result_cache
@@ -50,6 +51,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
+              OperatorPauses(),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)

@@ -63,8 +63,15 @@ class Metrics(Middleware):
     def vitals(self) -> dict[str, Any]:
         return {"lane_pauses": self.metrics.lane_pause_counts(),
                 "throughput_rps": round(self.metrics.throughput_rps, 1),
+                "model_stats": self._model_stats(),
                 "lanes": self.metrics.lanes,
                 "runtimes": runtime_info(self._ctx.handlers) if self._ctx else {}}
+
+    def _model_stats(self) -> dict[str, dict[str, float]]:
+        """Each model's own rate and counters, with the batch cap its fill is taken against."""
+        cap = self._ctx.settings.max_batch_size if self._ctx is not None else None
+        return {m: {**v, **({"max_batch_size": cap} if cap else {})}
+                for m, v in self.metrics.model_stats().items()}
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._sample_loop()]

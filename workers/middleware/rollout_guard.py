@@ -135,8 +135,13 @@ class RolloutGuard(Middleware):
             changes = await self._ctx.plane.models.history(model, 1)
             self._since[key] = (changes[0].at if changes and changes[0].policy.epoch
                                 == policy.epoch else 0.0)
-        return await self._evidence.output_evidence(model, policy.canary, policy.stable,
-                                                    self._since[key])
+        try:
+            return await self._evidence.output_evidence(model, policy.canary, policy.stable,
+                                                        self._since[key])
+        except BatchfleetError as exc:  # the output checks wait; errors and latency do not
+            log.info("rollout guard: no output evidence this round", model=model,
+                     error=str(exc))
+            return None
 
     async def _roll_back(self, ctx: WorkerContext, model: str, policy: RolloutPolicy,
                          why: str) -> None:
