@@ -68,7 +68,8 @@ COLUMNS = (Column("version"), Column("role"), Column("reference", show=lambda v:
            Column("mean", show=_num), Column("p50", show=_num), Column("p99", show=_num),
            Column("psi", show=_num), Column("ks", show=_num),
            Column("in_psi", "input psi", wide=True, show=_num),
-           Column("in_ks", "input ks", wide=True, show=_num))
+           Column("in_ks", "input ks", wide=True, show=_num),
+           Column("in_shift", "input shift", wide=True, show=_num))
 
 
 def outputs(
@@ -77,7 +78,8 @@ def outputs(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE, since_s: SinceOpt = 900.0,
     inputs: Annotated[bool, typer.Option(
         "--inputs", help="Also show the inputs' statistics and drift (under `inputs` in "
-        "JSON; input psi and ks columns in the table).")] = False,
+        "JSON; input psi, ks and shift columns in the table: shift is the largest move of "
+        "one feature's mean, in the reference's standard deviations).")] = False,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Draw each version's output distribution over its reference to this "
         "file (PNG, SVG or PDF; needs matplotlib: the bench extra).")] = None,
@@ -102,9 +104,9 @@ def outputs(
     body = [r.to_json(inputs=inputs) for r in found]
     if plot is not None:
         draw(model, found, plot)
-    rows = [{**b, "in_psi": b.get("inputs", {}).get("psi"),
-             "in_ks": b.get("inputs", {}).get("ks")} for b in body]
-    columns = COLUMNS if inputs else COLUMNS[:-2]
+    rows = [{**b, "in_psi": r.inputs.drift["psi"], "in_ks": r.inputs.drift["ks"],
+             "in_shift": r.inputs.drift["mean_shift"]} for b, r in zip(body, found, strict=True)]
+    columns = COLUMNS if inputs else COLUMNS[:-3]
     wide = "wide" if fmt == "wide" or (inputs and fmt == "table") else fmt
     render(rows, columns, wide, no_headers, title=f"{model}: outputs over the last "
            f"{since_s:g} s", body=body)

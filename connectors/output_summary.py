@@ -24,6 +24,7 @@ into any longer period the same way.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -99,6 +100,12 @@ class SeriesStats:
     squares: float = 0.0
     buckets: dict[int, int] = field(default_factory=dict)
     classes: dict[int, int] = field(default_factory=dict)
+    #: Per element of a multi-element tensor (a feature), over the rows of batches with no
+    #: NaN or Inf: rows counted, then each element's sum and sum of squares (the pooled
+    #: histogram dilutes one feature's shift among the others; these do not).
+    col_rows: int = 0
+    col_sums: list[float] = field(default_factory=list)
+    col_squares: list[float] = field(default_factory=list)
 
     def merge(self, other: SeriesStats) -> None:
         self.count += other.count
@@ -110,6 +117,27 @@ class SeriesStats:
             self.buckets[b] = self.buckets.get(b, 0) + n
         for c, n in other.classes.items():
             self.classes[c] = self.classes.get(c, 0) + n
+        if not other.col_rows:
+            return
+        if not self.col_rows:
+            self.col_rows = other.col_rows
+            self.col_sums, self.col_squares = list(other.col_sums), list(other.col_squares)
+        elif len(self.col_sums) == len(other.col_sums):
+            self.col_rows += other.col_rows
+            self.col_sums = [a + b for a, b in zip(self.col_sums, other.col_sums, strict=True)]
+            self.col_squares = [a + b for a, b in zip(self.col_squares, other.col_squares,
+                                                      strict=True)]
+
+    def column_moments(self) -> list[tuple[float, float]]:
+        """Each element's (mean, standard deviation); empty when not kept."""
+        n = self.col_rows
+        if not n:
+            return []
+        out = []
+        for total, squares in zip(self.col_sums, self.col_squares, strict=True):
+            mean = total / n
+            out.append((mean, math.sqrt(max(squares / n - mean * mean, 0.0))))
+        return out
 
     @property
     def finite(self) -> int:
@@ -183,7 +211,13 @@ def series_of(name: str, rows: Array, kind: str | None) -> dict[str, SeriesStats
         classes = per[:, 0]
     base = name or "output"
     if per.shape[1] <= SMALL_ELEMENTS:
-        return {base: summarise(per, classes)}
+        out = summarise(per, classes)
+        if per.shape[1] > 1 and out.nan == out.inf == 0:
+            wide = per.astype(np.float64, copy=False)
+            out.col_rows = n
+            out.col_sums = wide.sum(axis=0).tolist()
+            out.col_squares = np.einsum("ij,ij->j", wide, wide).tolist()
+        return {base: out}
     as_float = per.astype(np.float64, copy=False)
     return {f"{base}:norm": summarise(np.sqrt(np.einsum("ij,ij->i", as_float, as_float)),
                                       classes),
@@ -261,7 +295,10 @@ def summarise_batch(tensors: list[Any], kind: str | None) -> Summary:
 
 def to_fields(summary: Summary) -> tuple[dict[str, int], dict[str, float]]:
     """(integer fields, float fields) to add into a stored hash: ``rows``, then per
-    series ``{s}|n``, ``|nan``, ``|inf``, ``|b{bucket}``, ``|k{class}``, ``|sum``, ``|sq``."""
+    series ``{s}|n``, ``|nan``, ``|inf``, ``|b{bucket}``, ``|k{class}``, ``|sum``, ``|sq``,
+    and for a multi-element tensor ``|cn`` (rows) and each element's ``|c{i}`` (sum) and
+    ``|d{i}`` (sum of squares). Windows merge by adding fields, so a window's columns
+    are only meaningful while every worker sends the same number of elements."""
     ints: dict[str, int] = {"rows": summary.rows}
     floats: dict[str, float] = {}
     for s, st in summary.series.items():
@@ -276,12 +313,19 @@ def to_fields(summary: Summary) -> tuple[dict[str, int], dict[str, float]]:
             ints[f"{s}|k{c}"] = n
         floats[f"{s}|sum"] = st.total
         floats[f"{s}|sq"] = st.squares
+        if st.col_rows:
+            ints[f"{s}|cn"] = st.col_rows
+            for i, (total, squares) in enumerate(zip(st.col_sums, st.col_squares,
+                                                     strict=True)):
+                floats[f"{s}|c{i}"] = total
+                floats[f"{s}|d{i}"] = squares
     return ints, floats
 
 
 def from_fields(raw: Mapping[Any, Any]) -> Summary:
     """The inverse of :func:`to_fields` (fields it does not know are ignored)."""
     out = Summary()
+    cols: defaultdict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for key, value in raw.items():
         k = key.decode() if isinstance(key, bytes) else str(key)
         v = value.decode() if isinstance(value, bytes) else str(value)
@@ -306,6 +350,20 @@ def from_fields(raw: Mapping[Any, Any]) -> Summary:
             st.buckets[int(what[1:])] = int(v)
         elif what[:1] == "k" and what[1:].isdigit():
             st.classes[int(what[1:])] = int(v)
+        elif what == "cn":
+            st.col_rows = int(v)
+        elif what[:1] in ("c", "d") and what[1:].isdigit():
+            cols[(s, what[0])][int(what[1:])] = float(v)
+    for (s, which), values in cols.items():
+        st = out.series[s]
+        got = [values.get(i, 0.0) for i in range(max(values) + 1)]
+        if which == "c":
+            st.col_sums = got
+        else:
+            st.col_squares = got
+    for st in out.series.values():  # a partial record (never written so) keeps no columns
+        if len(st.col_sums) != len(st.col_squares):
+            st.col_rows, st.col_sums, st.col_squares = 0, [], []
     return out
 
 

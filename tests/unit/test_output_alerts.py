@@ -2,7 +2,8 @@
 
 ``promtool`` is not available, so the rules' expressions are parsed by ``promql-parser``
 and evaluated here by a small instant-vector evaluator (selectors with label matchers,
-``max|sum|min by (...)``, a comparison with a number: the shape the drift alerts use)
+``max|sum|min by (...)``, a comparison with a number, ``or``: the shapes the drift alerts
+use)
 over the samples of a real ``WorkerMetrics`` exposition, set from statistics of N(0,1)
 inputs (the baseline) and then N(1,1) ones."""
 
@@ -71,6 +72,10 @@ def evaluate(node: Any, samples: list[tuple[str, dict[str, str], float]]) -> Ser
             groups.setdefault(tuple((k, d.get(k, "")) for k in keep), []).append(value)
         agg = {"max": max, "min": min, "sum": sum}[str(node.op)]
         return {k: float(agg(v)) for k, v in groups.items()}
+    if isinstance(node, promql_parser.BinaryExpr) and str(node.op) == "or":
+        left = evaluate(node.lhs, samples)  # every left element, and the right ones whose
+        right = evaluate(node.rhs, samples)  # label set the left side lacks
+        return {**{k: v for k, v in right.items() if k not in left}, **left}
     if isinstance(node, promql_parser.BinaryExpr):
         assert isinstance(node.rhs, promql_parser.NumberLiteral), "only VECTOR op NUMBER"
         vector, bound = evaluate(node.lhs, samples), float(node.rhs.val)
@@ -80,12 +85,15 @@ def evaluate(node: Any, samples: list[tuple[str, dict[str, str], float]]) -> Ser
     raise NotImplementedError(type(node).__name__)
 
 
-def _metrics_after(input_mean: float) -> WorkerMetrics:
-    """A worker's gauges after a version baselined on N(0,1) inputs sees N(mean,1) ones."""
+def _metrics_after(input_mean: float, features: slice = slice(None)) -> WorkerMetrics:
+    """A worker's gauges after a version baselined on N(0,1) inputs sees inputs whose
+    ``features`` are drawn from N(mean,1) (the others still N(0,1))."""
     rng = np.random.default_rng(11)
 
     def side(mean: float) -> dict[str, Any]:
-        rows = list(rng.normal(mean, 1.0, size=(3000, 4)))
+        table = rng.normal(0.0, 1.0, size=(3000, 4))
+        table[:, features] += mean
+        rows = list(table)
         return {"inputs": summarise_batch(rows, None),
                 "outputs": summarise_batch([np.array([0.5]) for _ in rows], "regression")}
 
@@ -106,6 +114,18 @@ def test_the_input_drift_alert_fires_when_inputs_move_from_n01_to_n11() -> None:
     # the outputs did not move (a constant model): the output alert stays quiet
     assert evaluate(promql_parser.parse(_rule("BatchfleetOutputDrift")),
                     _samples(_metrics_after(1.0))) == {}
+
+
+def test_the_input_drift_alert_fires_when_one_feature_of_four_moves() -> None:
+    """One feature of four moved by one standard deviation: the pooled PSI stays low, the
+    per-feature mean shift does not."""
+    metrics = _metrics_after(1.0, slice(2, 3))
+    samples = _samples(metrics)
+    psi = metrics.output_drift.labels("fraud", "default", "input_psi")._value.get()
+    assert psi < 0.25
+    fired = evaluate(promql_parser.parse(_rule("BatchfleetInputDrift")), samples)
+    assert list(fired) == [(("model", "fraud"), ("version", "default"))]
+    assert next(iter(fired.values())) == pytest.approx(1.0, abs=0.1)
 
 
 def test_the_nan_alert_reads_the_nan_ratio_gauge() -> None:

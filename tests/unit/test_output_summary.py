@@ -190,3 +190,30 @@ def test_each_version_is_judged_against_its_baseline_else_stable_else_nothing() 
     assert set(body) == {"version", "role", "reference", "count", "nan_rate", "mean", "p50",
                          "p99", "psi", "ks", "inputs"}
     assert body["inputs"]["count"] == 0 and body["inputs"]["psi"] is None
+
+
+def test_per_feature_moments_merge_round_trip_and_show_one_features_shift() -> None:
+    from batchfleet.connectors.output_drift import mean_shift
+
+    rng = np.random.default_rng(9)
+    a, b = rng.normal(size=(3000, 10)), rng.normal(size=(3000, 10))
+    half = summarise_batch(list(a[:1000]), None)
+    half.merge(summarise_batch(list(a[1000:]), None))
+    whole = summarise_batch(list(a), None).series["output"]
+    got = half.series["output"]
+    assert got.col_rows == whole.col_rows == 3000
+    assert got.col_sums == pytest.approx(whole.col_sums)
+    ints, floats = to_fields(half)
+    back = from_fields({**{k: str(v) for k, v in ints.items()},
+                        **{k: repr(v) for k, v in floats.items()}}).series["output"]
+    assert back.col_rows == 3000 and back.col_squares == pytest.approx(got.col_squares)
+    same = summarise_batch(list(b), None).series["output"]
+    assert (mean_shift(same, got) or 0.0) < 0.15  # noise: about sqrt(2/3000) per feature
+    b[:, 3] += 1.0
+    moved = summarise_batch(list(b), None).series["output"]
+    assert mean_shift(moved, got) == pytest.approx(1.0, abs=0.1)
+    assert psi(moved.buckets, got.buckets) < 0.05  # the pooled histogram barely sees it
+    assert mean_shift(summarise_batch(list(b[:100]), None).series["output"], got) is None
+    nan_batch = b.copy()
+    nan_batch[0, 0] = np.nan  # a batch holding NaN keeps no per-feature moments
+    assert summarise_batch(list(nan_batch), None).series["output"].col_rows == 0
