@@ -61,6 +61,10 @@ def bench(
     ] = False,
     cache_rows: Annotated[int | None, typer.Option(
         help="Rows in the --cache bulk job (default 20,000).")] = None,
+    stats_cost: Annotated[bool, typer.Option(
+        "--stats-cost", help="Add the output statistics' cost row: demo-mlp closed loop "
+                             "with --no-output-stats and with them on, alternating, two "
+                             "rounds each (docs/monitoring.md).")] = False,
     profile: Annotated[bool, typer.Option(
         "--profile", help="Extra passes under py-spy (worker and client); ranked hot spots.")
     ] = False,
@@ -142,6 +146,8 @@ def bench(
 
         batchfleet bench --sweep --cache
 
+        batchfleet bench --quick --no-sweep --stats-cost
+
         batchfleet bench --no-sweep --seconds 20 --out /tmp/bench
 
         batchfleet bench --quick --torch-threads 1 --out bench-results/one-thread
@@ -190,6 +196,10 @@ def bench(
     if sweep is not None:
         plan = replace(plan, sweep=full_plan(out).sweep if sweep else None)
     plan = _load_and_rows(plan, producers, broker_loop, slo, cache, cache_rows, seconds)
+    if stats_cost:
+        from batchfleet.bench.plan import StatsCostPlan
+
+        plan = replace(plan, stats_cost=StatsCostPlan(transport=(transport or ["redis"])[0]))
     if plan.sweep is not None and (sweep_batch or sweep_wait):
         plan = replace(plan, sweep=replace(
             plan.sweep, batch_sizes=tuple(sweep_batch or plan.sweep.batch_sizes),

@@ -95,6 +95,14 @@ class WorkerMetrics:
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
+        # what each version answers (docs/monitoring.md)
+        self.output_drift, self.output_nan_ratio = (
+            Gauge("batchfleet_output_drift", "A version's fleet-merged output drift against "
+                  "its reference (stat: psi, ks, nan_rate_change, class_share_change, and "
+                  "input_ for its inputs; docs/monitoring.md)", ["model", "version", "stat"],
+                  registry=r),
+            Gauge("batchfleet_output_nan_ratio", "Share of a version's output values that "
+                  "are NaN (fleet-merged)", ["model", "version"], registry=r))
         self.model_accuracy = Gauge("batchfleet_model_accuracy_diff", "A non-eager runtime's "
                                     "difference from eager fp32 on the calibration rows "
                                     "(stat: max_abs, mean_abs, relative)", ["model", "stat"],

@@ -99,6 +99,23 @@ def _cache_ttl(value: str) -> int:
     return ttl
 
 
+def _output_kind(value: str) -> str | None:
+    from batchfleet.connectors.output_summary import KINDS
+
+    if value.lower() in ("", "none", "guess", "guessed"):
+        return None
+    if value not in KINDS:
+        raise ValueError(f"expected one of {', '.join(KINDS)}")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    n = int(value) if value.strip().isdigit() else 0
+    if n < 1:
+        raise ValueError("expected a whole number of seconds, 1 or more")
+    return n
+
+
 def _shard_count(value: str) -> int:
     count = int(value) if value.strip().lstrip("-").isdigit() else -1
     if not 1 <= count <= MAX_LANE_SHARDS:
@@ -266,6 +283,24 @@ class WorkerSettings:
     #: How often backlog, DLQ size and breaker gauges are refreshed.
     sample_every_s: float = field(default=5.0, metadata=opt(
         "How often backlog, DLQ size and breaker gauges are refreshed.", panel="Observability"))
+    #: Output and input statistics per model version (docs/monitoring.md): on by default.
+    output_stats: bool = field(default=True, metadata=opt(
+        "Keep output and input statistics per model version (docs/monitoring.md).",
+        panel="Observability"))
+    #: What a model's outputs are, for their statistics; none: guessed from the first output
+    #: (integers: classes; one float: regression; up to 32 floats: scores; more: embedding).
+    output_kind: PerModel[str | None] = field(default=PerModel(None), metadata=opt(
+        "What the outputs are: scores (arg-max class shares counted), classes, regression "
+        "or embedding (norm and first 8 elements); default guessed from the output "
+        "(docs/monitoring.md).", per_model=True,
+        metavar="[MODEL=]scores|classes|regression|embedding", parse=_output_kind,
+        show="guessed", panel="Observability"))
+    stats_window_s: int = field(default=60, metadata=opt(
+        "Length of the time windows output statistics are merged into.",
+        parse=_positive_int, panel="Observability"))
+    stats_keep_s: int = field(default=24 * 3600, metadata=opt(
+        "How long output-statistics windows are kept.", parse=_positive_int,
+        panel="Observability"))
     worker_id: str = field(default_factory=default_worker_id, metadata=opt(
         "Consumer name. Keep it stable across restarts to resume a Redis consumer's pending "
         "entries at once.", show="host-pid-random", panel="Connection"))

@@ -215,6 +215,33 @@ class FleetOut(BaseModel):
     totals: dict[str, Any]
 
 
+class OutputSideOut(BaseModel):
+    """One side (outputs or inputs) of a version, as ``models outputs --json`` prints it."""
+
+    reference: str | None = Field(description="baseline, stable, or null (no drift).")
+    count: int = Field(description="Values counted (docs/monitoring.md).")
+    nan_rate: float | None
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    psi: float | None = Field(description="Null below 2,000 values on either side.")
+    ks: float | None
+
+
+class VersionOutputsOut(OutputSideOut):
+    """One version's row of ``batchfleet models outputs MODEL --inputs --json``."""
+
+    version: str
+    role: str = Field(description="stable, canary, shadow or pinned.")
+    inputs: OutputSideOut
+
+
+class OutputsOut(BaseModel):
+    model: str
+    since_s: float
+    versions: list[VersionOutputsOut]
+
+
 class DeadLetterOut(BaseModel):
     """As ``batchfleet dlq list -o json`` prints it."""
 

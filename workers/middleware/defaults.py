@@ -17,6 +17,7 @@ from batchfleet.workers.middleware.fleet import HeartbeatLoop, RetryPumpLoop
 from batchfleet.workers.middleware.health import HealthEndpoint
 from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
@@ -59,8 +60,13 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
     versions = VersionStats(metrics, policies)
+    # what each version answers (docs/monitoring.md); the guard's output evidence
+    outputs = (OutputStats(s.output_kind, s.stats_window_s, s.stats_keep_s, metrics=metrics)
+               if s.output_stats else None)
     chain += [versions, Shadow(metrics, policies, versions, budget=s.shadow_budget),
-              RolloutGuard(metrics, policies)]
+              RolloutGuard(metrics, policies, evidence=outputs)]
+    if outputs is not None:
+        chain.append(outputs)
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:
