@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -79,6 +80,18 @@ def _check_retry(spec: str) -> str:
 
     RetryConfig.parse(spec, RetryConfig())
     return spec
+
+
+def _check_chain(text: str) -> str:
+    from batchfleet.workers.fallback.chain import check_chain_text
+
+    return check_chain_text(text)
+
+
+def _check_triggers(text: str) -> str:
+    from batchfleet.workers.fallback.chain import check_triggers_text
+
+    return check_triggers_text(text)
 
 
 def _tolerance(value: str) -> float | None:
@@ -230,6 +243,17 @@ class WorkerSettings:
     stuck_exit_s: float = field(default=120.0, metadata=opt(
         "A compute thread stuck this long past its limit makes the worker drain and exit "
         "75, for its supervisor to restart it.", panel="Failures"))
+    #: Graceful degradation (docs/degradation.md): steps tried in turn when the model cannot
+    #: answer; "" (fail) changes nothing.
+    fallback: PerModel[str] = field(default=PerModel(""), metadata=opt(
+        "Fallback chain, steps joined with '|' (quote it): cache, model:NAME[@VERSION], "
+        "rules:module:function, value:JSON, fail. Answers are marked degraded "
+        "(docs/degradation.md).", per_model=True, metavar="[MODEL[@VERSION]=]CHAIN",
+        parse=_check_chain, show="fail", panel="Failures"))
+    degrade_on: PerModel[str] = field(default=PerModel("all"), metadata=opt(
+        "When a fallback chain answers: error, breaker, deadline, overload joined with '+' "
+        "(or all, none).", per_model=True, metavar="[MODEL=]TRIGGERS",
+        parse=_check_triggers, panel="Failures"))
     #: Circuit breakers: trip after this many failures in a row, probe after the cooldown.
     breaker_failures: int = field(default=5, metadata=opt(
         "Circuit breakers open after this many failures in a row.", panel="Failures"))
@@ -330,6 +354,18 @@ class WorkerSettings:
         default = RetryConfig(self.max_attempts, self.retry_base_s, self.retry_cap_s)
         spec = self.retry.for_model(model, version)
         return RetryConfig.parse(spec, default) if spec else default
+
+    def fallback_chains(self, models: Iterable[str]) -> dict[str, Any]:
+        """Each served model's ``FallbackChain`` (``workers/fallback/chain.py``)."""
+        from batchfleet.workers.fallback.chain import parse_chain
+
+        return {m: parse_chain(self.fallback.for_model(m)) for m in models}
+
+    def degrade_triggers(self, models: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Each served model's triggers its chain answers (``--degrade-on``)."""
+        from batchfleet.workers.fallback.chain import parse_triggers
+
+        return {m: parse_triggers(self.degrade_on.for_model(m)) for m in models}
 
     def runtime_for(self, model: str, version: str | None = None) -> Any:
         """The model's ``RuntimeChoice``: runtime, precision and its accuracy gate."""

@@ -126,7 +126,7 @@ class Worker(DefaultViews):
             partitions=s.kafka_partitions, session_timeout_ms=s.kafka_session_timeout_ms)
         self.consumer = broker.consumer(s.worker_id)
         self.publisher = broker.publisher()
-        policy = self._failure_policy or default_policy(s, plane)
+        policy = self.hooks.failure_policy(self._failure_policy or default_policy(s, plane))
         # the chain is the writer's write hooks: it fans out to every middleware
         self.writer = ResultWriter(store, self.consumer, plane.undecodable, policy,
                                    hooks=self.hooks)

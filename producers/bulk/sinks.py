@@ -75,9 +75,17 @@ def dumps(obj: dict[str, Any]) -> bytes:
 
 
 
-def output_record(row: Row, status: str, outputs: Tensors | None) -> dict[str, Any]:
-    return {"custom_id": row.custom_id, "row": row.index, "status": status,
-            "outputs": outputs_to_json(outputs)}
+def output_record(row: Row, result: Result) -> dict[str, Any]:
+    """One output line; a fallback answer carries its marks, so it is never mistaken for
+    the model's (docs/degradation.md)."""
+    record = {"custom_id": row.custom_id, "row": row.index, "status": result.status,
+              "outputs": outputs_to_json(result.outputs)}
+    if result.degraded:
+        record.update(degraded=True, degraded_reason=result.degraded_reason,
+                      fallback=result.fallback, degraded_error=(
+                          None if result.degraded_error is None
+                          else result.degraded_error.to_wire()))
+    return record
 
 
 def error_record(row: Row, status: str, error: ErrorInfo, attempts: int) -> dict[str, Any]:
@@ -160,7 +168,7 @@ class JsonlSink(SinkBase):
         self._out = open_truncated(spec.output, start.out_offset)
 
     def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
-        self._out.write(dumps(output_record(row, result.status, result.outputs)))
+        self._out.write(dumps(output_record(row, result)))
         return error
 
     def _out_offset(self) -> int:

@@ -197,3 +197,27 @@ class Hangs(nn.Module):
 
 def hang_model() -> TorchModuleHandler:
     return TorchModuleHandler("hang", Hangs(), input_spec=TensorSpec("float32", (10,)))
+
+
+class FileSwitched(nn.Module):
+    """demo-mlp that raises on every batch while ``path`` exists: a test heals it by
+    removing the file (a model whose backend comes back)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.path.exists(self.path):
+            raise RuntimeError("model backend unavailable")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def file_switched(path: str, name: str = "flaky") -> TorchModuleHandler:
+    return TorchModuleHandler(name, FileSwitched(path), input_spec=TensorSpec("float32", (10,)))
+
+
+def demo_mlp(name: str = "backup", seed: int = 7) -> TorchModuleHandler:
+    """Another demo-mlp (other weights): a sturdier model to fall back on."""
+    return TorchModuleHandler(name, build_mlp(seed=seed), input_spec=TensorSpec("float32", (10,)))

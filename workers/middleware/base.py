@@ -26,6 +26,7 @@ from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
     from batchfleet.workers.context import WorkerContext
+    from batchfleet.workers.failures import FailurePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,11 @@ class Middleware:
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         """Side loops to run while the worker consumes (cancelled at stop)."""
         return []
+
+    def failure_policy(self, inner: FailurePolicy) -> FailurePolicy:
+        """The failure policy wrapped, or ``inner`` as is (graceful degradation answers
+        from a fallback chain what the policy would have failed)."""
+        return inner
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
         """Which of ``models`` must not be fetched now (their lanes are paused)."""
@@ -186,6 +192,12 @@ class Chain:
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [task for m in self.middleware for task in m.background_tasks()]
+
+    def failure_policy(self, inner: FailurePolicy) -> FailurePolicy:
+        """``inner`` wrapped by every middleware, the first one outermost."""
+        for m in reversed(self.middleware):
+            inner = m.failure_policy(inner)
+        return inner
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
         return frozenset().union(*(m.paused_models(models) for m in self.middleware))

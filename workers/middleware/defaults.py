@@ -8,6 +8,7 @@ from typing import TypeVar
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.schemas.names import Names
 from batchfleet.workers.breaker import BreakerConfig
+from batchfleet.workers.fallback.middleware import degrade_middleware
 from batchfleet.workers.guards import Guards
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Chain, Middleware
@@ -48,7 +49,13 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     chain: list[Middleware] = []
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
-    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
+    served = list(models)
+    cache_on = {m: s.cache_ttl_s.for_model(m) > 0 for m in served}
+    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
+              # before Breakers: it answers an open breaker's batches from the chain
+              *degrade_middleware(s.fallback_chains(served), s.degrade_triggers(served),
+                                 cache_on, metrics),
+              Breakers(guards),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)

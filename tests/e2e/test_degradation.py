@@ -1,0 +1,206 @@
+"""Graceful degradation (issue 26) against a real Redis and real workers: the ``error`` and
+``breaker`` triggers, the ``value``, ``rules`` and ``model:`` steps, ``degrade="never"``,
+DLQ replay of a degraded result, and the start-up refusals of the worker command."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batchfleet.dlq import DeadLetterOps, Selection
+from batchfleet.producers import AsyncClient
+from batchfleet.schemas.per_model import parse_per_model
+from batchfleet.workers.fallback.chain import check_chain_text, check_triggers_text
+from tests.support.cli import run_cli
+from tests.support.fleet import running_worker
+from tests.support.models import POISON, Switchable, demo_mlp, file_switched, switchable
+
+pytestmark = pytest.mark.e2e
+FAST = {"retry_base_s": 0.01, "retry_cap_s": 0.05}
+
+
+def fallback(*entries: str) -> Any:
+    return parse_per_model(entries, check_chain_text, "", "--fallback")
+
+
+def degrade_on(*entries: str) -> Any:
+    return parse_per_model(entries, check_triggers_text, "all", "--degrade-on")
+
+
+def _rows(n: int, poison_at: list[int] = (), seed: int = 5) -> np.ndarray:  # type: ignore[assignment]
+    rows = np.random.default_rng(seed).random((n, 10), dtype=np.float32)
+    rows[list(poison_at), 0] = POISON
+    return rows
+
+
+async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and_is_in_the_dlq(
+        redis_url: str) -> None:
+    poison_at = [3, 17, 40]
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",),
+                              max_attempts=2, fallback=fallback("switch=value:[0.25]"),
+                              **FAST) as worker, AsyncClient(redis_url) as client:
+        ids = await client.submit_many("switch", _rows(60, poison_at))
+        never = await client.submit_many("switch", _rows(4, [1], seed=6), degrade="never")
+        results = await client.wait_many(ids + never, timeout=60)
+        ops = DeadLetterOps(redis_url, None)
+        try:
+            letters = await ops.letters("switch")
+        finally:
+            await ops.close()
+        vitals = worker.vitals()
+    for i, r in enumerate(results[:60]):
+        assert r.status == "succeeded", (i, r)
+        if i in poison_at:
+            assert r.degraded and r.degraded_reason == "error" and r.fallback == "value"
+            assert r.outputs is not None and r.outputs.tolist() == [0.25]
+            assert r.outputs.dtype == np.float32 and r.model_version == ""
+            assert r.error is None and r.degraded_error is not None
+            assert r.degraded_error.type == "model_error"
+            assert "dead-lettered after attempt 2" in r.degraded_error.message
+        else:
+            assert not r.degraded and r.fallback is None and r.model_version
+    refused = results[61]
+    assert refused.status == "failed" and refused.error is not None
+    assert refused.error.type == "unavailable" and refused.error.retryable
+    assert "error: model_error" in refused.error.message
+    assert "degrade=never" in refused.error.message
+    assert all(r.status == "succeeded" and not r.degraded for r in (results[60], *results[62:]))
+    assert sorted(dl.request_id for dl in letters) == sorted([ids[i] for i in poison_at]
+                                                             + [never[1]])
+    assert vitals["degraded"] == {"switch:error": 3}
+
+
+async def test_error_rules_and_model_steps_answer_in_order_and_a_failing_step_passes_on(
+        redis_url: str) -> None:
+    handlers = {"switch": switchable(Switchable()), "backup": demo_mlp()}
+    chains = fallback("switch=rules:tests.support.fallback_rules:broken|"
+                      "rules:tests.support.fallback_rules:score|value:[0.0]",
+                      "backup=fail")
+    async with running_worker(redis_url, handlers=handlers, models=tuple(handlers),
+                              max_attempts=1, fallback=chains, **FAST), \
+            AsyncClient(redis_url) as client:
+        rows = _rows(20, [2, 9])
+        results = await client.wait_many(await client.submit_many("switch", rows), timeout=60)
+    for i in (2, 9):
+        r = results[i]
+        assert r.degraded and r.fallback == "rules:tests.support.fallback_rules:score"
+        assert r.model_version == ""
+        assert r.outputs is not None
+        assert np.allclose(r.outputs, rows[i].mean(keepdims=True))  # this row's, no other's
+    async with running_worker(redis_url, handlers=handlers, models=tuple(handlers),
+                              max_attempts=1, **FAST,
+                              fallback=fallback("switch=model:backup|value:[0.0]")), \
+            AsyncClient(redis_url) as client:
+        rows = _rows(10, [4], seed=8)
+        ids = await client.submit_many("switch", rows)
+        results = await client.wait_many(ids, timeout=60)
+        direct = await client.wait_many(await client.submit_many("backup", rows[4:5]), 60)
+    r = results[4]
+    assert r.degraded and r.fallback == "model:backup"
+    assert r.model_version == direct[0].model_version and r.model_version.startswith("default/")
+    assert r.outputs is not None and np.array_equal(r.outputs, direct[0].outputs)
+
+
+async def test_dlq_replay_reopens_a_degraded_result_under_a_new_generation(
+        redis_url: str) -> None:
+    model = Switchable()
+    async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                              models=("switch",),
+                              max_attempts=1, fallback=fallback("switch=value:[0.5]"),
+                              **FAST), AsyncClient(redis_url) as client:
+        model.broken = True
+        [rid] = await client.submit_many("switch", _rows(1))
+        first = await client.wait(rid, timeout=30)
+        assert first.degraded and first.generation == 0
+        model.broken = False
+        ops = DeadLetterOps(redis_url, None)
+        try:
+            report = await ops.replay_selected(Selection(model="switch"))
+        finally:
+            await ops.close()
+        assert report.replayed == [rid]
+        for _ in range(200):
+            again = await client.get(rid)
+            if again is not None and again.status == "succeeded" and again.generation == 1:
+                break
+            await asyncio.sleep(0.05)
+    assert again is not None and again.generation == 1 and not again.degraded
+    assert again.outputs is not None and again.outputs.tolist() != [0.5]
+
+
+async def test_without_a_chain_or_with_error_off_a_failure_is_unchanged(redis_url: str) -> None:
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",),
+                              max_attempts=1, fallback=fallback("switch=value:[0.5]"),
+                              degrade_on=degrade_on("switch=breaker"), **FAST), \
+            AsyncClient(redis_url) as client:
+        results = await client.wait_many(await client.submit_many("switch", _rows(8, [0])), 60)
+    assert results[0].status == "failed" and not results[0].degraded
+    assert results[0].error is not None and results[0].error.type == "model_error"
+
+
+async def test_breaker_2000_requests_while_open_are_all_answered_degraded_at_once_then_heal(
+        redis_url: str, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    handlers = {"flaky": file_switched(str(broken)), "backup": demo_mlp()}
+    cooldown = 6.0
+    async with running_worker(redis_url, handlers=handlers, models=tuple(handlers), max_attempts=1,
+                              breaker_failures=2, breaker_cooldown_s=cooldown,
+                              max_batch_size=64, fallback=fallback("flaky=model:backup"),
+                              **FAST) as worker, AsyncClient(redis_url) as client:
+        broken.touch()
+        for i in range(50):  # a few requests fail until the breaker opens
+            await client.wait_many(await client.submit_many("flaky", _rows(8, seed=i)), 30)
+            if worker.guards.model.trips:
+                break
+        assert worker.guards.model.trips == 1
+        opened = time.time()
+        rows = _rows(2000, seed=99)
+        ids = await client.submit_many("flaky", rows)
+        results = await client.wait_many(ids, timeout=cooldown * 0.8)
+        answered_by = time.time()
+        assert worker.guards.model_states()["flaky"] == "open"
+        assert len({r.request_id for r in results}) == 2000
+        assert all(r.status == "succeeded" and r.degraded for r in results)
+        assert {(r.degraded_reason, r.fallback) for r in results} == {("breaker",
+                                                                       "model:backup")}
+        assert all(r.degraded_error is not None and r.degraded_error.type == "breaker_open"
+                   for r in results)
+        assert answered_by - opened < cooldown  # none waited for the cool-down
+        direct = await client.wait_many(await client.submit_many("backup", rows[:5]), 30)
+        assert all(np.array_equal(a.outputs, b.outputs)
+                   for a, b in zip(results[:5], direct, strict=True))
+        assert worker.metrics.duplicates.labels("flaky")._value.get() == 0
+        broken.unlink()  # the model heals; the half-open probe closes the breaker
+        healed = None
+        for _ in range(int(cooldown * 20) + 100):
+            [healed] = await client.wait_many(await client.submit_many("flaky", _rows(1)), 30)
+            if not healed.degraded:
+                break
+            await asyncio.sleep(0.1)
+        assert healed is not None and not healed.degraded and healed.fallback is None
+        assert worker.guards.model_states()["flaky"] == "closed"
+        later = await client.wait_many(await client.submit_many("flaky", _rows(50, seed=3)), 30)
+    assert not any(r.degraded for r in later)
+
+
+@pytest.mark.parametrize(("flag", "says"), [
+    ("demo-mlp=model:ghost", "--fallback demo-mlp=model:ghost: this worker does not hold"),
+    ("demo-mlp=rules:no_such_mod:f", "cannot import 'no_such_mod'"),
+    ("demo-mlp=value:[0.5,0.5]", "shape [2] differs from the model's output shape [1]"),
+    ("demo-mlp=valu:[1]", "unknown step"),
+])
+async def test_the_worker_refuses_a_chain_it_cannot_run_in_one_line(
+        redis_url: str, flag: str, says: str) -> None:
+    code, out, err = await run_cli("worker", "--broker", redis_url, "--model", "demo-mlp",
+                                   "--device", "cpu", "--fallback", flag, "--no-webhooks",
+                                   timeout_s=90)
+    assert code == 2, (code, out, err)
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0], err
