@@ -109,6 +109,7 @@ class SinkBase:
         self._pos = start
         self._errors = open_truncated(errors or spec.errors, start.err_offset)
         self._succeeded, self._failed = start.succeeded, start.failed
+        self._degraded = start.degraded
         self._next = start
 
     def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
@@ -125,18 +126,20 @@ class SinkBase:
         error = self._store(row, result, result_error(result))
         if error is None:
             self._succeeded += 1
+            self._degraded += result.degraded
         else:
             self._failed += 1
             status = "failed" if result.status == "succeeded" else result.status
             self._errors.write(dumps(error_record(row, status, error, result.attempts)))
         self._next = Position(row.index + 1, row.end_offset, row.end_line, 0, 0, 0,
-                              self._succeeded, self._failed)
+                              self._succeeded, self._failed, self._degraded)
 
     def current(self) -> Position:
         """Where the job is once what is written so far is synced."""
         n = self._next
         return Position(n.rows, n.in_offset, n.in_line, self._out_offset(),
-                        self._errors.tell(), self._parts(), n.succeeded, n.failed)
+                        self._errors.tell(), self._parts(), n.succeeded, n.failed,
+                        n.degraded)
 
     def _sync_outputs(self) -> None:
         """Make the outputs written so far durable (format-specific)."""

@@ -204,3 +204,33 @@ async def test_the_worker_refuses_a_chain_it_cannot_run_in_one_line(
     assert code == 2, (code, out, err)
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0], err
+
+
+async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails_closed(
+        redis_url: str, tmp_path: Path) -> None:
+    from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, run_job
+    from tests.support.bulk_main import read_jsonl, write_jsonl
+
+    x = _rows(40, [5, 30])
+    write_jsonl(tmp_path / "in.jsonl", x)
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",), max_attempts=1,
+                              fallback=fallback("switch=value:[0.5]"), **FAST):
+        allow = await run_job(JobSpec.create("dg-1", "switch", tmp_path / "in.jsonl",
+                                             tmp_path / "out.jsonl"), Endpoints(redis_url))
+        never_spec = JobSpec.create("dg-2", "switch", tmp_path / "in.jsonl",
+                                    tmp_path / "never.jsonl")
+        never = await run_job(never_spec, Endpoints(redis_url), tuning=Tuning(degrade="never"))
+    out = read_jsonl(tmp_path / "out.jsonl")
+    assert allow.succeeded == 40 and allow.degraded == 2 and allow.failed == 0
+    for row in out:
+        if row["row"] in (5, 30):
+            assert row["degraded"] is True and row["degraded_reason"] == "error"
+            assert row["fallback"] == "value" and row["outputs"] == [0.5]
+            assert row["degraded_error"]["type"] == "model_error"
+        else:
+            assert "degraded" not in row
+    assert never.succeeded == 38 and never.failed == 2 and never.degraded == 0
+    errors = read_jsonl(never_spec.errors)
+    assert [e["row"] for e in errors] == [5, 30]
+    assert {e["error"]["type"] for e in errors} == {"unavailable"}
