@@ -234,3 +234,32 @@ async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails
     errors = read_jsonl(never_spec.errors)
     assert [e["row"] for e in errors] == [5, 30]
     assert {e["error"]["type"] for e in errors} == {"unavailable"}
+
+
+@pytest.mark.kafka
+async def test_kafka_error_then_breaker_requests_are_answered_degraded_and_the_lane_drains(
+        redis_url: str, kafka_broker: str, tmp_path: Path) -> None:
+    """Kafka parity, one test for both triggers (a group join costs seconds): failures
+    after retries are degraded (``error``), then the open breaker keeps the partitions
+    unpaused and answers from the chain (``breaker``)."""
+    from tests.support.transports import make_fleet
+
+    fleet = make_fleet("kafka", redis_url, kafka_broker)
+    broken = tmp_path / "broken"
+    handlers = {"flaky": file_switched(str(broken)), "backup": demo_mlp()}
+    async with fleet.worker(handlers=handlers, models=tuple(handlers), max_attempts=1,
+                            breaker_failures=2, breaker_cooldown_s=30.0, max_batch_size=32,
+                            fallback=fallback("flaky=model:backup"), **FAST) as worker, \
+            fleet.client() as client:
+        broken.touch()
+        first = await client.wait_many(await client.submit_many("flaky", _rows(8)), 60)
+        assert all(r.degraded and r.degraded_reason == "error" for r in first)
+        while not worker.guards.model.trips:
+            await client.wait_many(await client.submit_many("flaky", _rows(8, seed=1)), 60)
+        ids = await client.submit_many("flaky", _rows(300, seed=2))
+        results = await client.wait_many(ids, timeout=25)  # well inside the 30 s cool-down
+        assert worker.guards.model_states()["flaky"] == "open"
+    assert len({r.request_id for r in results}) == 300
+    assert all(r.status == "succeeded" and r.degraded and r.degraded_reason == "breaker"
+               and r.fallback == "model:backup" for r in results)
+    assert first[0].degraded_error is not None and first[0].degraded_error.type == "model_error"
