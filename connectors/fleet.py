@@ -89,6 +89,8 @@ class WorkerView:
     lanes: dict[str, dict[str, float | None]] = field(repr=False)
     #: Model -> seconds a compute thread of it has been stuck past its limit (none: {}).
     stuck_compute: dict[str, float] = field(default_factory=dict)
+    #: Answers its fallback chains gave per second, lately (docs/degradation.md).
+    degraded_rps: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,8 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         counters={k: int(record.counters.get(k) or 0) for k in COUNTERS},
         lanes=dict(record.lanes),
         stuck_compute={str(k): float(v)
-                       for k, v in (record.extra.get("stuck_compute") or {}).items()})
+                       for k, v in (record.extra.get("stuck_compute") or {}).items()},
+        degraded_rps=float(record.extra.get("degraded_rps") or 0.0))
 
 
 def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:

@@ -177,6 +177,9 @@ async def test_breaker_2000_requests_while_open_are_all_answered_degraded_at_onc
         assert all(np.array_equal(a.outputs, b.outputs)
                    for a, b in zip(results[:5], direct, strict=True))
         assert worker.metrics.duplicates.labels("flaky")._value.get() == 0
+        assert worker.vitals()["degraded_rps"] > 0  # the `status` column
+        assert worker.metrics.degraded.labels("flaky", "breaker",
+                                              "model:backup")._value.get() == 2000
         broken.unlink()  # the model heals; the half-open probe closes the breaker
         healed = None
         for _ in range(int(cooldown * 20) + 100):

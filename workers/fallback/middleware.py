@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from batchfleet.workers.metrics import WorkerMetrics
 
 log = structlog.get_logger("batchfleet.fallback")
+#: The window of the ``degraded_rps`` vital.
+RATE_WINDOW_S = 10.0
 
 
 class Degrade(Middleware):
@@ -60,8 +63,10 @@ class Degrade(Middleware):
         self._guards: Guards | None = None
         #: (model, reason) -> (monotonic start, answers since): for the start/end lines.
         self._active: dict[tuple[str, str], list[float]] = {}
-        #: Degraded answers written, per (model, reason): what vitals report.
+        #: Degraded answers written, per "model:reason": what vitals report.
         self.counts: dict[str, int] = {}
+        #: (monotonic, total written) samples over the last ``RATE_WINDOW_S``.
+        self._samples: deque[tuple[float, int]] = deque()
 
     def on(self, model: str, trigger: str) -> bool:
         return trigger in self.triggers.get(model, frozenset())
@@ -154,7 +159,18 @@ class Degrade(Middleware):
                                               result.fallback).inc()
 
     def vitals(self) -> dict[str, Any]:
-        return {"degraded": dict(self.counts)} if self.chains else {}
+        """``degraded`` (counts per model and reason) and ``degraded_rps`` (the column
+        ``batchfleet status`` shows), read once per heartbeat."""
+        return {"degraded": dict(self.counts), "degraded_rps": round(self.rate(), 2)}
+
+    def rate(self) -> float:
+        """Degraded answers written per second over about the last ``RATE_WINDOW_S``."""
+        now, total = time.monotonic(), sum(self.counts.values())
+        self._samples.append((now, total))
+        while len(self._samples) > 1 and now - self._samples[0][0] > RATE_WINDOW_S:
+            self._samples.popleft()
+        since, before = self._samples[0]
+        return (total - before) / (now - since) if now > since else 0.0
 
     # --- the start and end lines ----------------------------------------------------
 
