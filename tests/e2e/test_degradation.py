@@ -178,6 +178,10 @@ async def test_breaker_2000_requests_while_open_are_all_answered_degraded_at_onc
                    for a, b in zip(results[:5], direct, strict=True))
         assert worker.metrics.duplicates.labels("flaky")._value.get() == 0
         assert worker.vitals()["degraded_rps"] > 0  # the `status` column
+        errors = worker.metrics.registry.get_sample_value(  # what the rollout guard counts
+            "batchfleet_version_requests_total",
+            {"model": "flaky", "version": "default", "role": "stable", "outcome": "error"})
+        assert errors is not None and errors >= 2000
         assert worker.metrics.degraded.labels("flaky", "breaker",
                                               "model:backup")._value.get() == 2000
         broken.unlink()  # the model heals; the half-open probe closes the breaker

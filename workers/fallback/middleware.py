@@ -36,6 +36,7 @@ from batchfleet.workers.fallback.steps import ChainRunner
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.breakers import Breakers
+from batchfleet.workers.middleware.rollout_stats import VersionStats
 from batchfleet.workers.models import versions as model_versions
 from batchfleet.workers.runner import BatchRun
 
@@ -61,6 +62,8 @@ class Degrade(Middleware):
         self._metrics = metrics
         self.runners: dict[str, ChainRunner] = {}
         self._guards: Guards | None = None
+        #: The rollout stats, which count a breaker's degraded answers as the version's errors.
+        self._versions: VersionStats | None = None
         #: (model, reason) -> (monotonic start, answers since): for the start/end lines.
         self._active: dict[tuple[str, str], list[float]] = {}
         #: Degraded answers written, per "model:reason": what vitals report.
@@ -81,6 +84,7 @@ class Degrade(Middleware):
                                  lambda name, label: _resolve(versions, name, label))
             runner.rules = {s: load_rules(s.arg) for s in chain.steps if s.kind == "rules"}
             self.runners[model] = runner
+        self._versions = ctx.find(VersionStats)
         breakers = ctx.find(Breakers)
         drain = frozenset(m for m in self.chains if self.on(m, "breaker"))
         if breakers is not None and drain:
@@ -138,6 +142,10 @@ class Degrade(Middleware):
             return True
         got, left = await self.degrade(model, batch.jobs, "breaker",
                                        TRIGGER_CAUSES["breaker"], skip_model=model)
+        if self._versions is not None and got:
+            firsts = {j.request.request_id for j in batch.jobs if j.request.attempt <= 1}
+            self._versions.count_degraded(
+                batch, sum(a.result.request_id in firsts for a in got))
         batch.answered.extend(got)
         batch.jobs = left
         return bool(left)  # the rest go on to Breakers, which holds them as before
