@@ -189,6 +189,12 @@ class WorkerSettings:
         "Answer repeated inputs from a result cache kept this long (0: off); the key holds "
         "the model version (docs/cache.md).", per_model=True, metavar="[MODEL=]SECONDS",
         parse=_cache_ttl))
+    #: Graceful degradation (docs/degradation.md): the fallback ``cache`` step's version-free
+    #: entries live this much longer than --cache-ttl-s, read only as fallbacks.
+    cache_stale_s: PerModel[int] = field(default=PerModel(0), metadata=opt(
+        "Keep the fallback cache step's entries this much longer than --cache-ttl-s, for "
+        "fallback answers only (stale-if-error; docs/degradation.md).", per_model=True,
+        metavar="[MODEL=]SECONDS", parse=_cache_ttl))
     #: Whose requests share cache entries: each owner its own (API key ID, SDK ``owner=``),
     #: or everyone (a hit then tells a caller someone else sent those inputs; docs/cache.md).
     cache_scope: PerModel[str] = field(default=PerModel("owner"), metadata=opt(

@@ -270,3 +270,35 @@ async def test_kafka_error_then_breaker_requests_are_answered_degraded_and_the_l
     assert all(r.status == "succeeded" and r.degraded and r.degraded_reason == "breaker"
                and r.fallback == "model:backup" for r in results)
     assert first[0].degraded_error is not None and first[0].degraded_error.type == "model_error"
+
+
+async def test_cache_step_answers_each_input_with_its_own_stored_output_and_stale_only_as_fallback(
+        redis_url: str) -> None:
+    """The version-free entry is exactly the output computed for the same input bytes,
+    names the version that computed it, and outlives --cache-ttl-s (by --cache-stale-s)
+    only for fallback answers."""
+    from batchfleet.workers.per_model import PerModel
+
+    model = Switchable()
+    rows = _rows(12, seed=11)
+    async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                              models=("switch",), max_attempts=1, **FAST,
+                              cache_ttl_s=PerModel(1), cache_stale_s=PerModel(60),
+                              fallback=fallback("switch=cache|value:[-1.0]")), \
+            AsyncClient(redis_url) as client:
+        first = await client.wait_many(await client.submit_many("switch", rows[:8]), 30)
+        assert not any(r.degraded or r.cached for r in first)
+        await asyncio.sleep(1.5)  # past the freshness TTL: no longer a cache hit
+        again = await client.wait_many(await client.submit_many("switch", rows[:2]), 30)
+        assert not any(r.cached or r.degraded for r in again)  # stale is never served fresh
+        model.broken = True
+        mixed = np.concatenate([rows[2:8][::-1], rows[8:]])  # stored ones reversed, and new
+        results = await client.wait_many(await client.submit_many("switch", mixed), 30)
+    for row, r in zip(mixed, results, strict=True):
+        assert r.status == "succeeded" and r.degraded and r.degraded_reason == "error"
+        stored = [f for f, x in zip(first, rows[:8], strict=True) if np.array_equal(x, row)]
+        if stored:
+            assert r.fallback == "cache" and np.array_equal(r.outputs, stored[0].outputs)
+            assert r.model_version == stored[0].model_version != ""
+        else:
+            assert r.fallback == "value" and r.outputs.tolist() == [-1.0]

@@ -18,11 +18,15 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.connectors.result_cache import ANY_VERSION, SCOPE_OWNER, cache_key
+from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.fallback.answers import TRIGGER_CAUSES, refuses, unavailable_answer
 from batchfleet.workers.fallback.chain import (
@@ -41,6 +45,7 @@ from batchfleet.workers.models import versions as model_versions
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
+    from batchfleet.connectors.control_plane import ResultCache
     from batchfleet.workers.context import WorkerContext
     from batchfleet.workers.failures import FailurePolicy
     from batchfleet.workers.guards import Guards
@@ -49,12 +54,17 @@ if TYPE_CHECKING:
 log = structlog.get_logger("batchfleet.fallback")
 #: The window of the ``degraded_rps`` vital.
 RATE_WINDOW_S = 10.0
+#: A ``cache`` step read slower than this answers nothing (the next step is tried).
+CACHE_TIMEOUT_S = 1.0
 
 
 class Degrade(Middleware):
     def __init__(self, chains: Mapping[str, FallbackChain],
                  triggers: Mapping[str, frozenset[str]], *, cache_on: Mapping[str, bool],
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None,
+                 scopes: Mapping[str, str] | None = None) -> None:
+        #: Each model's ``--cache-scope`` (the ``cache`` step reads within it).
+        self._scopes = dict(scopes or {})
         #: Models with a chain that answers (a chain of ``fail`` alone changes nothing).
         self.chains = {m: c for m, c in chains.items() if c.active}
         self.triggers = {m: triggers.get(m, frozenset()) for m in self.chains}
@@ -71,6 +81,23 @@ class Degrade(Middleware):
         #: (monotonic, total written) samples over the last ``RATE_WINDOW_S``.
         self._samples: deque[tuple[float, int]] = deque()
 
+    async def _lookup(self, cache: ResultCache, model: str, jobs: Sequence[Job]
+                      ) -> list[CacheEntry | None]:
+        """The ``cache`` step's read: each job's version-free entry in its cache scope (one
+        MGET); a request that opted out of the cache, an error or a timeout: None."""
+        scope = self._scopes.get(model, SCOPE_OWNER)
+        keys = [cache_key(model, ANY_VERSION, j.request.inputs, owner=j.request.owner,
+                          scope=scope) if j.request.cache else None for j in jobs]
+        wanted = [k for k in keys if k is not None]
+        try:
+            found = await asyncio.wait_for(cache.get_many(wanted), CACHE_TIMEOUT_S)
+        except (BatchfleetError, TimeoutError) as exc:
+            log.warning("fallback cache step could not read the cache", model=model,
+                        error=str(exc) or type(exc).__name__)
+            return [None] * len(jobs)
+        by_key = dict(zip(wanted, found, strict=True))
+        return [None if k is None else by_key.get(k) for k in keys]
+
     def on(self, model: str, trigger: str) -> bool:
         return trigger in self.triggers.get(model, frozenset())
 
@@ -83,6 +110,8 @@ class Degrade(Middleware):
             runner = ChainRunner(model, chain, ctx.compute.run_aside,
                                  lambda name, label: _resolve(versions, name, label))
             runner.rules = {s: load_rules(s.arg) for s in chain.steps if s.kind == "rules"}
+            if any(s.kind == "cache" for s in chain.steps):
+                runner.lookup = partial(self._lookup, ctx.plane.result_cache, model)
             self.runners[model] = runner
         self._versions = ctx.find(VersionStats)
         breakers = ctx.find(Breakers)
@@ -241,8 +270,9 @@ async def _one_output(handler: Any) -> Any:
 
 def degrade_middleware(chains: Mapping[str, FallbackChain],
                        triggers: Mapping[str, frozenset[str]], cache_on: Mapping[str, bool],
-                       metrics: WorkerMetrics | None) -> list[Middleware]:
+                       metrics: WorkerMetrics | None,
+                       scopes: Mapping[str, str] | None = None) -> list[Middleware]:
     """``[Degrade(...)]`` when some model has a chain that answers; else nothing."""
     if not any(c.active for c in chains.values()):
         return []
-    return [Degrade(chains, triggers, cache_on=cache_on, metrics=metrics)]
+    return [Degrade(chains, triggers, cache_on=cache_on, metrics=metrics, scopes=scopes)]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.fallback.answers import degraded_answer
 from batchfleet.workers.fallback.chain import FallbackChain, Step
@@ -31,6 +32,8 @@ log = structlog.get_logger("batchfleet.fallback")
 RunModel = Callable[[str, Sequence[Job]], Awaitable[BatchRun]]
 #: (model, label or None) -> (version lane, the ``model_version`` results name).
 Resolve = Callable[[str, str | None], tuple[str, str]]
+#: The ``cache`` step's read: per job its version-free entry, or None (a miss, an error).
+Lookup = Callable[[Sequence[Job]], Awaitable[list[CacheEntry | None]]]
 
 
 @dataclass
@@ -44,6 +47,8 @@ class ChainRunner:
     resolve: Resolve
     values: dict[Step, Any] = field(default_factory=dict)
     rules: dict[Step, Callable[[Any], Any]] = field(default_factory=dict)
+    #: The ``cache`` step's read (set when the chain has one).
+    lookup: Lookup | None = None
     #: Steps that failed, logged once each (a step failing every batch must not flood).
     _failed_once: set[Step] = field(default_factory=set)
 
@@ -57,10 +62,10 @@ class ChainRunner:
         for step in self.chain.answering(cheap_only, skip_model):
             if not left:
                 break
-            outputs, version, started, compute_ms = await self._run(step, left)
+            outputs, versions, started, compute_ms = await self._run(step, left)
             now = time.time()
             still: list[Job] = []
-            for job, out in zip(left, outputs, strict=True):
+            for job, out, version in zip(left, outputs, versions, strict=True):
                 if out is None:
                     still.append(job)
                     continue
@@ -73,12 +78,17 @@ class ChainRunner:
         return answered, left
 
     async def _run(self, step: Step, jobs: Sequence[Job]
-                   ) -> tuple[list[Any], str, float, float | None]:
-        """Per job an output or None, the version that computed them, when, how long."""
+                   ) -> tuple[list[Any], list[str], float, float | None]:
+        """Per job an output or None and the version that computed it; when, how long."""
         started = time.time()
         none: list[Any] = [None] * len(jobs)
+        unversioned = [""] * len(jobs)
         if step.kind == "value":
-            return [self.values[step]] * len(jobs), "", started, 0.0
+            return [self.values[step]] * len(jobs), unversioned, started, 0.0
+        if step.kind == "cache":
+            entries = await self.lookup(jobs) if self.lookup is not None else none
+            return ([None if e is None else e.outputs for e in entries],
+                    ["" if e is None else e.model_version for e in entries], started, 0.0)
         if step.kind == "rules":
             inputs = [j.request.inputs for j in jobs]
             t0 = time.perf_counter()
@@ -87,8 +97,8 @@ class ChainRunner:
                 rows = _rows(out, len(jobs))
             except Exception as exc:  # the rules failed: the next step answers
                 self._note_failure(step, exc)
-                return none, "", started, None
-            return rows, "", started, (time.perf_counter() - t0) * 1000.0
+                return none, unversioned, started, None
+            return rows, unversioned, started, (time.perf_counter() - t0) * 1000.0
         if step.kind == "model":
             name, label = step.target()
             lane, version = self.resolve(name, label)
@@ -97,8 +107,8 @@ class ChainRunner:
             if any(r is None for r in rows):
                 self._note_failure(step, next(o for o in run.outputs
                                               if isinstance(o, BaseException)))
-            return rows, version, run.started_at, run.compute_s * 1000.0
-        return none, "", started, None  # cache: answered before the chain runs
+            return rows, [version] * len(jobs), run.started_at, run.compute_s * 1000.0
+        return none, unversioned, started, None
 
     def _note_failure(self, step: Step, exc: BaseException) -> None:
         if step not in self._failed_once:

@@ -51,14 +51,18 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     served = list(models)
     cache_on = {m: s.cache_ttl_s.for_model(m) > 0 for m in served}
+    chains = s.fallback_chains(served)
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
               # before Breakers: it answers an open breaker's batches from the chain
-              *degrade_middleware(s.fallback_chains(served), s.degrade_triggers(served),
-                                 cache_on, metrics),
+              *degrade_middleware(chains, s.degrade_triggers(served), cache_on, metrics,
+                                 {m: s.cache_scope.for_model(m) for m in served}),
               Breakers(guards),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
-              *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)
+              # after Routing (key: version)
+              *result_cache(s.cache_ttl_s, metrics, s.cache_scope, stale_s=s.cache_stale_s,
+                            fallback=frozenset(m for m, c in chains.items()
+                                               if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
               Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
               RetryPumpLoop()]
