@@ -256,6 +256,13 @@ class WorkerSettings:
         "rules:module:function, value:JSON, fail. Answers are marked degraded "
         "(docs/degradation.md).", per_model=True, metavar="[MODEL[@VERSION]=]CHAIN",
         parse=_check_chain, show="fail", panel="Failures"))
+    #: The ``overload`` trigger: requests older than this are answered from the chain's cheap
+    #: steps (cache, rules, value) instead of waiting; None: off.
+    shed_after_ms: PerModel[float | None] = field(default=PerModel(None), metadata=opt(
+        "Overload: requests that waited longer than this are answered from the fallback "
+        "chain's cheap steps (cache, rules, value) until the backlog is back under it "
+        "(docs/degradation.md).", per_model=True, metavar="[MODEL=]MS", parse=_slo_ms,
+        show="off", panel="Failures"))
     degrade_on: PerModel[str] = field(default=PerModel("all"), metadata=opt(
         "When a fallback chain answers: error, breaker, deadline, overload joined with '+' "
         "(or all, none).", per_model=True, metavar="[MODEL=]TRIGGERS",

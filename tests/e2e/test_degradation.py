@@ -302,3 +302,51 @@ async def test_cache_step_answers_each_input_with_its_own_stored_output_and_stal
             assert r.model_version == stored[0].model_version != ""
         else:
             assert r.fallback == "value" and r.outputs.tolist() == [-1.0]
+
+
+async def test_deadline_requests_are_answered_degraded_before_their_deadline_or_expire_if_never(
+        redis_url: str) -> None:
+    from tests.support.models import paced
+
+    async with running_worker(redis_url, handlers={"slow": paced(0.2)}, models=("slow",),
+                              max_batch_size=4, max_wait_ms=1.0,
+                              fallback=fallback("slow=value:[0.5]")) as worker, \
+            AsyncClient(redis_url) as client:
+        # teach the cost model (0.2 s a batch) with requests that have no deadline
+        await client.wait_many(await client.submit_many("slow", _rows(8)), 30)
+        ids = await client.submit_many("slow", _rows(24, seed=3), deadline_s=0.6)
+        results = await client.wait_many(ids, timeout=30)
+        never = await client.wait_many(await client.submit_many(
+            "slow", _rows(24, seed=3), deadline_s=0.6, degrade="never"), timeout=30)
+        counts = worker.vitals()["degraded"]
+    assert all(r.status == "succeeded" for r in results)
+    degraded = [r for r in results if r.degraded]
+    assert 0 < len(degraded) < 24 and counts.get("slow:deadline", 0) >= len(degraded)
+    for r in degraded:
+        assert r.degraded_reason == "deadline" and r.fallback == "value"
+        assert r.degraded_error is not None and r.degraded_error.type == "deadline_exceeded"
+        assert r.finished_at is not None and r.finished_at < r.enqueued_at + 0.6  # in time
+    assert not any(r.degraded for r in never)
+    assert {r.status for r in never} == {"succeeded", "expired"}  # as today
+
+
+async def test_overload_a_backlog_past_shed_after_ms_is_answered_by_cheap_steps_and_drains(
+        redis_url: str) -> None:
+    from batchfleet.workers.per_model import PerModel
+    from tests.support.models import paced
+
+    handlers = {"slow": paced(0.1), "backup": demo_mlp()}
+    async with running_worker(redis_url, handlers=handlers, models=tuple(handlers),
+                              max_batch_size=8, shed_after_ms=PerModel(300.0),
+                              fallback=fallback("slow=model:backup|value:[0.5]",
+                                                "backup=fail")) as worker, \
+            AsyncClient(redis_url) as client:
+        ids = await client.submit_many("slow", _rows(400, seed=4))
+        results = await client.wait_many(ids, timeout=60)
+        assert worker.stats.computed < 400  # the shed ones never ran the model
+    shed = [r for r in results if r.degraded]
+    assert all(r.status == "succeeded" for r in results) and len(results) == 400
+    assert shed and all(r.degraded_reason == "overload" and r.fallback == "value"
+                        for r in shed)  # cheap steps only: never the model:backup step
+    assert all(r.finished_at is not None and r.finished_at - r.enqueued_at > 0.3
+               for r in shed)  # only requests past the mark were shed

@@ -221,3 +221,20 @@ def file_switched(path: str, name: str = "flaky") -> TorchModuleHandler:
 def demo_mlp(name: str = "backup", seed: int = 7) -> TorchModuleHandler:
     """Another demo-mlp (other weights): a sturdier model to fall back on."""
     return TorchModuleHandler(name, build_mlp(seed=seed), input_spec=TensorSpec("float32", (10,)))
+
+
+class Paced(nn.Module):
+    """demo-mlp at ``seconds`` a batch, whatever its size: a slow model."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def paced(seconds: float, name: str = "slow") -> TorchModuleHandler:
+    return TorchModuleHandler(name, Paced(seconds), input_spec=TensorSpec("float32", (10,)))
