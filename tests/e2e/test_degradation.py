@@ -16,6 +16,7 @@ from batchfleet.dlq import DeadLetterOps, Selection
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.per_model import parse_per_model
 from batchfleet.workers.fallback.chain import check_chain_text, check_triggers_text
+from tests.e2e.test_webhooks import receiver, webhook_worker  # noqa: F401  (fixtures)
 from tests.support.cli import run_cli
 from tests.support.fleet import running_worker
 from tests.support.models import POISON, Switchable, demo_mlp, file_switched, switchable
@@ -350,3 +351,69 @@ async def test_overload_a_backlog_past_shed_after_ms_is_answered_by_cheap_steps_
                         for r in shed)  # cheap steps only: never the model:backup step
     assert all(r.finished_at is not None and r.finished_at - r.enqueued_at > 0.3
                for r in shed)  # only requests past the mark were shed
+
+
+async def test_http_carries_the_marks_and_the_degrade_field_fails_closed(
+        redis_url: str) -> None:
+    import httpx
+
+    from batchfleet.connectors.ssrf import CallbackPolicy
+    from batchfleet.producers.gateway import GatewaySettings, KeyRing, hash_key
+    from tests.support.gateway_main import live_gateway
+
+    ns, key = "gwdg", "bfk_degrade_all"
+    gateway = GatewaySettings(broker=redis_url, namespace=ns,
+                              keys=KeyRing.parse(f"all:{hash_key(key)}:*"),
+                              callback_policy=CallbackPolicy.parse("http,https", "",
+                                                                   "127.0.0.0/8"))
+    poison = [POISON] + [0.5] * 9
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",), namespace=ns, max_attempts=1,
+                              fallback=fallback("switch=value:[0.25]"), **FAST):
+        with live_gateway(gateway) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30,
+                                         headers={"X-API-Key": key}) as http:
+                allow = await http.post("/v1/models/switch/requests", json={"inputs": poison})
+                never = await http.post("/v1/models/switch/requests",
+                                        json={"inputs": poison, "degrade": "never"})
+                bad = await http.post("/v1/models/switch/requests",
+                                      json={"inputs": poison, "degrade": "maybe"})
+                got = [(await http.get(r.headers["Location"], params={"wait": 20})).json()
+                       for r in (allow, never)]
+    assert bad.status_code == 422 and "degrade" in bad.text
+    assert got[0]["status"] == "succeeded" and got[0]["degraded"] is True
+    assert got[0]["degraded_reason"] == "error" and got[0]["fallback"] == "value"
+    assert got[0]["outputs"] == [0.25] and got[0]["error"] is None
+    assert got[0]["degraded_error"]["type"] == "model_error"
+    assert got[1]["status"] == "failed" and got[1]["error"]["type"] == "unavailable"
+    assert got[1]["degraded"] is False
+
+
+async def test_a_degraded_result_is_sent_by_webhook_and_its_replay_sends_the_models_answer(
+        redis_url: str, webhook_worker: Any, receiver: Any) -> None:  # noqa: F811
+    import json
+
+    from tests.e2e.test_webhooks import LOOPBACK, NS
+
+    receiver.start()
+    model = Switchable()
+    async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                              models=("switch",), namespace=NS, max_attempts=1,
+                              webhook_retry_intervals=(1, 1, 1),
+                              fallback=fallback("switch=value:[0.5]"), **FAST), \
+            AsyncClient(redis_url, namespace=NS, callback_policy=LOOPBACK) as client:
+        model.broken = True
+        rid = await client.submit("switch", _rows(1)[0], callback_url=receiver.url)
+        first = await client.wait(rid, timeout=30)
+        await asyncio.to_thread(receiver.wait_for, 1, 30)
+        model.broken = False
+        ops = DeadLetterOps(redis_url, None, namespace=NS)
+        try:
+            assert (await ops.replay_selected(Selection(model="switch"))).replayed == [rid]
+        finally:
+            await ops.close()
+        got = await asyncio.to_thread(receiver.wait_for, 2, 30)
+    bodies = [json.loads(d.body) for d in got]
+    assert first.degraded and bodies[0]["degraded"] is True and bodies[0]["generation"] == 0
+    assert bodies[1]["request_id"] == rid and bodies[1]["generation"] == 1
+    assert bodies[1]["degraded"] is False and bodies[1]["outputs"] != [0.5]
