@@ -117,8 +117,10 @@ class Guards:
         """Models whose lanes must not be pulled now: all of them while the store is down."""
         if self.store.state is BreakerState.OPEN:
             return frozenset(self.model)
-        return frozenset(m for m, b in self.model.items()
-                         if b.state is BreakerState.OPEN and m not in self.draining)
+        # a draining model whose chain could not answer a batch (now held) pauses as
+        # before: held batches are outside the batcher's bound on what is fetched
+        return frozenset(m for m, b in self.model.items() if b.state is BreakerState.OPEN
+                         and (m not in self.draining or m in self._held))
 
     def answering_around(self, model: str) -> bool:
         """Is ``model``'s breaker refusing its batches now (open, or half-open with its probe

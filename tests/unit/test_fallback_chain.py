@@ -96,3 +96,24 @@ def test_a_value_takes_the_model_output_dtype_and_must_have_its_shape() -> None:
     with pytest.raises(ConfigError, match="do not fit the model's output dtype int64"):
         check_value("m", Step("value", "[0.5]"), np.zeros(1, np.int64))
     assert check_value("m", step, None).dtype == np.float32  # unknown: taken as given
+
+
+def test_a_draining_model_pauses_again_once_its_chain_leaves_a_batch_held() -> None:
+    """The breaker trigger keeps an open breaker's lane pulled only while the chain answers:
+    a held batch (the chain could not answer it) pauses the lane as before, so fetched
+    work stays bounded."""
+    from batchfleet.workers.breaker import BreakerConfig
+    from batchfleet.workers.guards import Guards
+    from batchfleet.workers.middleware.base import Batch, BatchKey
+
+    now = [0.0]
+    guards = Guards(BreakerConfig(consecutive_failures=1, cooldown_s=60),
+                    BreakerConfig(), ["m"], clock=lambda: now[0])
+    guards.model["m"].record_failure()
+    assert guards.paused_models() == {"m"}
+    guards.draining = frozenset({"m"})
+    assert guards.paused_models() == frozenset() and guards.answering_around("m")
+    guards.hold("m", Batch(BatchKey(0, "m", None), []))
+    assert guards.paused_models() == {"m"}
+    now[0] = 61.0  # half-open: the probe is available, so nothing answers around it
+    assert not guards.answering_around("m")
