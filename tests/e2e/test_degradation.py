@@ -417,3 +417,25 @@ async def test_a_degraded_result_is_sent_by_webhook_and_its_replay_sends_the_mod
     assert first.degraded and bodies[0]["degraded"] is True and bodies[0]["generation"] == 0
     assert bodies[1]["request_id"] == rid and bodies[1]["generation"] == 1
     assert bodies[1]["degraded"] is False and bodies[1]["outputs"] != [0.5]
+
+
+async def test_one_log_line_when_a_trigger_starts_and_one_when_it_ends_never_per_request(
+        redis_url: str) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                                  models=("switch",), max_attempts=1, max_batch_size=64,
+                                  fallback=fallback("switch=value:[0.5]"), **FAST), \
+                AsyncClient(redis_url) as client:
+            poisoned = await client.wait_many(await client.submit_many(
+                "switch", _rows(200, list(range(5, 200, 20)))), 30)
+            clean = await client.wait_many(await client.submit_many("switch", _rows(8)), 30)
+    assert sum(r.degraded for r in poisoned) == 10 and not any(r.degraded for r in clean)
+    started = [e for e in logs if e.get("event", "").startswith("degradation started")]
+    ended = [e for e in logs if e.get("event", "").startswith("degradation ended")]
+    # an episode runs from a degraded answer to the next batch the model answers whole:
+    # lines per episode, never per request, and every episode closed by the clean batch
+    assert 1 <= len(started) == len(ended) < 10
+    assert {e["reason"] for e in started + ended} == {"error"}
+    assert sum(e["degraded"] for e in ended) == 10

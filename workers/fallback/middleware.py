@@ -273,8 +273,8 @@ class Degrade(Middleware):
         model = batch.key.model
         if model in self.runners and batch.jobs and not run.stalled:
             self._cost.setdefault(model, CostFit()).observe(len(batch.jobs), run.compute_s)
-        if any(not isinstance(o, BaseException) for o in run.outputs):
-            self._ended(model)
+        if run.outputs and not any(isinstance(o, BaseException) for o in run.outputs):
+            self._ended(model)  # a whole batch answered by the model
 
     def after_complete(self, done: Completed) -> None:
         for answer, won in zip(done.answers, done.won, strict=True):
@@ -315,8 +315,9 @@ class Degrade(Middleware):
             state[2] = now
 
     def _ended(self, model: str) -> None:
-        """The model answered: ``error`` and ``breaker`` end now; ``deadline`` and
-        ``overload`` (the model answers throughout) once quiet for ``QUIET_S``."""
+        """The model answered a whole batch: ``error`` and ``breaker`` end now;
+        ``deadline`` and ``overload`` (the model answers throughout) once quiet for
+        ``QUIET_S``."""
         now = time.monotonic()
         for key in [k for k, st in self._active.items() if k[0] == model and (
                 k[1] in ("error", "breaker") or now - st[2] > QUIET_S)]:
