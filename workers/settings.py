@@ -254,7 +254,7 @@ class WorkerSettings:
     fallback: PerModel[str] = field(default=PerModel(""), metadata=opt(
         "Fallback chain, steps joined with '|' (quote it): cache, model:NAME[@VERSION], "
         "rules:module:function, value:JSON, fail. Answers are marked degraded "
-        "(docs/degradation.md).", per_model=True, metavar="[MODEL[@VERSION]=]CHAIN",
+        "(docs/degradation.md).", per_model=True, metavar="[MODEL=]CHAIN",
         parse=_check_chain, show="fail", panel="Failures"))
     #: The ``overload`` trigger: requests older than this are answered from the chain's cheap
     #: steps (cache, rules, value) instead of waiting; None: off.
@@ -419,6 +419,11 @@ class WorkerSettings:
         for option in setting_options(WorkerSettings):
             if option.opt.per_model:
                 option.get(self).check_models(self.model_names, option.flag)
+        for name in ("fallback", "degrade_on", "shed_after_ms"):  # per model, not per version
+            versioned = [f"{m}@{v}" for (m, v), _ in getattr(self, name).overrides if v]
+            if versioned:
+                raise ConfigError(f"--{name.replace('_', '-')} {versioned[0]}=...: a chain is "
+                                  "per model, not per version (docs/degradation.md)")
         sharded = [m for m in self.model_names if self.lane_shards.for_model(m) > 1]
         if self.broker.kind == "kafka" and sharded:
             raise ConfigError(f"--lane-shards is for Redis Streams only ({', '.join(sharded)}): "

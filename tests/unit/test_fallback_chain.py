@@ -117,3 +117,14 @@ def test_a_draining_model_pauses_again_once_its_chain_leaves_a_batch_held() -> N
     assert guards.paused_models() == {"m"}
     now[0] = 61.0  # half-open: the probe is available, so nothing answers around it
     assert not guards.answering_around("m")
+
+
+def test_a_chain_is_per_model_and_a_version_entry_is_refused_in_one_line() -> None:
+    from batchfleet.schemas.per_model import parse_per_model
+    from batchfleet.workers.fallback.chain import check_chain_text
+    from batchfleet.workers.settings import WorkerSettings
+
+    chains = parse_per_model(["demo-mlp@v2=value:[0.5]"], check_chain_text, "")
+    with pytest.raises(ConfigError, match="per model, not per version") as info:
+        WorkerSettings.from_url("redis://localhost:6379/0", fallback=chains)
+    assert "\n" not in str(info.value) and "demo-mlp@v2" in str(info.value)
