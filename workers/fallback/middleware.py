@@ -18,15 +18,12 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.result_cache import ANY_VERSION, SCOPE_OWNER, cache_key
-from batchfleet.connectors.values import CacheEntry
+from batchfleet.connectors.result_cache import SCOPE_OWNER
 from batchfleet.schemas.envelopes import ErrorInfo
-from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.fallback.answers import TRIGGER_CAUSES, refuses, unavailable_answer
 from batchfleet.workers.fallback.chain import (
@@ -36,7 +33,7 @@ from batchfleet.workers.fallback.chain import (
     load_rules,
 )
 from batchfleet.workers.fallback.policy import DegradingPolicy
-from batchfleet.workers.fallback.steps import ChainRunner
+from batchfleet.workers.fallback.steps import ChainRunner, cache_lookup
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware.base import Batch, Middleware
@@ -47,7 +44,6 @@ from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.slo import CostFit
 
 if TYPE_CHECKING:
-    from batchfleet.connectors.control_plane import ResultCache
     from batchfleet.workers.context import WorkerContext
     from batchfleet.workers.failures import FailurePolicy
     from batchfleet.workers.guards import Guards
@@ -56,8 +52,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("batchfleet.fallback")
 #: The window of the ``degraded_rps`` vital.
 RATE_WINDOW_S = 10.0
-#: A ``cache`` step read slower than this answers nothing (the next step is tried).
-CACHE_TIMEOUT_S = 1.0
 #: ``deadline`` and ``overload`` end (their log line) after this long without firing.
 QUIET_S = 1.0
 
@@ -94,23 +88,6 @@ class Degrade(Middleware):
         #: (monotonic, total written) samples over the last ``RATE_WINDOW_S``.
         self._samples: deque[tuple[float, int]] = deque()
 
-    async def _lookup(self, cache: ResultCache, model: str, jobs: Sequence[Job]
-                      ) -> list[CacheEntry | None]:
-        """The ``cache`` step's read: each job's version-free entry in its cache scope (one
-        MGET); a request that opted out of the cache, an error or a timeout: None."""
-        scope = self._scopes.get(model, SCOPE_OWNER)
-        keys = [cache_key(model, ANY_VERSION, j.request.inputs, owner=j.request.owner,
-                          scope=scope) if j.request.cache else None for j in jobs]
-        wanted = [k for k in keys if k is not None]
-        try:
-            found = await asyncio.wait_for(cache.get_many(wanted), CACHE_TIMEOUT_S)
-        except (BatchfleetError, TimeoutError) as exc:
-            log.warning("fallback cache step could not read the cache", model=model,
-                        error=str(exc) or type(exc).__name__)
-            return [None] * len(jobs)
-        by_key = dict(zip(wanted, found, strict=True))
-        return [None if k is None else by_key.get(k) for k in keys]
-
     def on(self, model: str, trigger: str) -> bool:
         return trigger in self.triggers.get(model, frozenset())
 
@@ -124,7 +101,8 @@ class Degrade(Middleware):
                                  lambda name, label: _resolve(versions, name, label))
             runner.rules = {s: load_rules(s.arg) for s in chain.steps if s.kind == "rules"}
             if any(s.kind == "cache" for s in chain.steps):
-                runner.lookup = partial(self._lookup, ctx.plane.result_cache, model)
+                runner.lookup = cache_lookup(ctx.plane.result_cache, model,
+                                             self._scopes.get(model, SCOPE_OWNER))
             self.runners[model] = runner
         self._versions = ctx.find(VersionStats)
         self._in_flight = ctx.in_flight

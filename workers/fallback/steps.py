@@ -19,14 +19,19 @@ from typing import Any
 import numpy as np
 import structlog
 
+from batchfleet.connectors.control_plane import ResultCache
+from batchfleet.connectors.result_cache import ANY_VERSION, cache_key
 from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo
+from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.fallback.answers import degraded_answer
 from batchfleet.workers.fallback.chain import FallbackChain, Step
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.runner import BatchRun
 
 log = structlog.get_logger("batchfleet.fallback")
+#: A ``cache`` step read slower than this answers nothing (the next step is tried).
+CACHE_TIMEOUT_S = 1.0
 
 #: Runs a batch on a version lane (``model@label``): the compute thread's aside lane.
 RunModel = Callable[[str, Sequence[Job]], Awaitable[BatchRun]]
@@ -115,6 +120,27 @@ class ChainRunner:
             self._failed_once.add(step)
             log.warning("fallback step failed; the next step answers (logged once per step)",
                         model=self.model, step=step.name, error=f"{type(exc).__name__}: {exc}")
+
+
+def cache_lookup(cache: ResultCache, model: str, scope: str) -> Lookup:
+    """The ``cache`` step's read: each job's version-free entry (``ANY_VERSION``) in its
+    cache scope, one MGET per batch; a request that opted out of the cache, a store
+    error or a read slower than ``CACHE_TIMEOUT_S``: None (the next step answers)."""
+
+    async def lookup(jobs: Sequence[Job]) -> list[CacheEntry | None]:
+        keys = [cache_key(model, ANY_VERSION, j.request.inputs, owner=j.request.owner,
+                          scope=scope) if j.request.cache else None for j in jobs]
+        wanted = [k for k in keys if k is not None]
+        try:
+            found = await asyncio.wait_for(cache.get_many(wanted), CACHE_TIMEOUT_S)
+        except (BatchfleetError, TimeoutError) as exc:
+            log.warning("fallback cache step could not read the cache", model=model,
+                        error=str(exc) or type(exc).__name__)
+            return [None] * len(jobs)
+        by_key = dict(zip(wanted, found, strict=True))
+        return [None if k is None else by_key.get(k) for k in keys]
+
+    return lookup
 
 
 def _rows(out: Any, count: int) -> list[Any]:
