@@ -68,6 +68,9 @@ class WorkerMetrics:
                                ["model", "lane"], registry=r)
         self.dead_lettered = Counter("batchfleet_dead_lettered", "Requests sent to the DLQ",
                                      ["model", "lane"], registry=r)
+        self.degraded = Counter("batchfleet_degraded", "Requests answered by a fallback step "
+                                "(first write only; docs/degradation.md)",
+                                ["model", "reason", "fallback"], registry=r)
         self.backlog = Gauge("batchfleet_backlog", "Requests queued on a lane, not yet acked "
                              "(Kafka: this worker's partitions' lag)", ["model", "lane"],
                              registry=r)

@@ -101,6 +101,30 @@ async def test_first_terminal_write_wins_and_generations_fence(backend: Backend)
     assert await results.missing([a, "nope"]) == ["nope"]
 
 
+async def test_replay_reopens_a_degraded_success_and_not_a_model_answer(
+        backend: Backend) -> None:
+    """docs/degradation.md: a success a fallback gave is reopened by DLQ replay, under a
+    new generation; one the model computed is not."""
+    import numpy as np
+
+    from batchfleet.schemas.envelopes import ErrorInfo, Result, encode_result
+
+    results = backend.plane.results
+    degraded, computed = rid(), rid()
+    await results.put_pending([(degraded, b"p"), (computed, b"p")])
+    outputs = np.array([0.5], np.float32)
+    bodies = [encode_result(Result(degraded, "succeeded", outputs, degraded=True,
+                                   degraded_reason="error", fallback="value",
+                                   degraded_error=ErrorInfo("model_error", "down", True))),
+              encode_result(Result(computed, "succeeded", outputs))]
+    assert await results.write_terminal([TerminalWrite(degraded, "succeeded", bodies[0]),
+                                         TerminalWrite(computed, "succeeded", bodies[1])]
+                                        ) == [True, True]
+    assert await results.reopen_for_replay([(degraded, b"p1"), (computed, b"p1")]) == [1, -1]
+    assert await results.write_terminal([TerminalWrite(degraded, "succeeded", b"model",
+                                                       generation=1)]) == [True]
+
+
 async def test_duplicate_submits_and_fingerprints(backend: Backend) -> None:
     results: Any = backend.plane.results  # withdraw_pending: not yet on the Results protocol
     a, b = rid(), rid()

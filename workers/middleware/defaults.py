@@ -8,6 +8,7 @@ from typing import TypeVar
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.schemas.names import Names
 from batchfleet.workers.breaker import BreakerConfig
+from batchfleet.workers.fallback.middleware import degrade_middleware
 from batchfleet.workers.guards import Guards
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Chain, Middleware
@@ -50,11 +51,23 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     chain: list[Middleware] = []
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
-    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
-              OperatorPauses(),
+    served = list(models)
+    cache_on = {m: s.cache_ttl_s.for_model(m) > 0 for m in served}
+    chains = s.fallback_chains(served)
+    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
+              # before Breakers: it answers an open breaker's batches from the chain
+              *degrade_middleware(chains, s.degrade_triggers(served), cache_on, metrics,
+                                 {m: s.cache_scope.for_model(m) for m in served},
+                                 shed_after_ms={m: s.shed_after_ms.for_model(m)
+                                                for m in served},
+                                 max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms),
+              Breakers(guards), OperatorPauses(),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
-              *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)
+              # after Routing (key: version)
+              *result_cache(s.cache_ttl_s, metrics, s.cache_scope, stale_s=s.cache_stale_s,
+                            fallback=frozenset(m for m, c in chains.items()
+                                               if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
               Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
               RetryPumpLoop()]
