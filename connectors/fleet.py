@@ -175,7 +175,7 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         lanes=dict(record.lanes),
         stuck_compute={str(k): float(v)
                        for k, v in (record.extra.get("stuck_compute") or {}).items()},
-        model_stats={m: dict(v) for m, v in record.model_stats.items()})
+        model_stats={m: dict(v) for m, v in record.model_stats.items()},
         degraded_rps=float(record.extra.get("degraded_rps") or 0.0))
 
 
