@@ -39,6 +39,8 @@ KINDS: Final = ("scores", "classes", "regression", "embedding")
 SMALL_ELEMENTS: Final = 32
 #: How many leading elements of a large tensor are kept as its ``:head`` series.
 HEAD_ELEMENTS: Final = 8
+#: Columns per float32 dot product in :func:`row_norms` (the float64 sum is across them).
+NORM_BLOCK: Final = 4096
 #: Class IDs past this are counted as this one (a bounded number of hash fields).
 MAX_CLASSES: Final = 1024
 #: Buckets per octave of |x| (the float32's exponent and its top four mantissa bits).
@@ -205,7 +207,7 @@ def series_of(name: str, rows: Array, kind: str | None) -> dict[str, SeriesStats
     per = rows.reshape(n, -1) if rows.ndim else rows.reshape(1, 1)
     classes: Array | None = None
     if kind == "scores" and per.shape[1] > 1:
-        filled = np.nan_to_num(per.astype(np.float64, copy=False), nan=-np.inf)
+        filled = np.nan_to_num(per, nan=-np.inf)
         classes = np.argmax(filled, axis=1)
     elif kind == "classes" and np.dtype(per.dtype).kind in "iub":
         classes = per[:, 0]
@@ -218,10 +220,21 @@ def series_of(name: str, rows: Array, kind: str | None) -> dict[str, SeriesStats
             out.col_sums = wide.sum(axis=0).tolist()
             out.col_squares = np.einsum("ij,ij->j", wide, wide).tolist()
         return {base: out}
-    as_float = per.astype(np.float64, copy=False)
-    return {f"{base}:norm": summarise(np.sqrt(np.einsum("ij,ij->i", as_float, as_float)),
-                                      classes),
-            f"{base}:head": summarise(as_float[:, :HEAD_ELEMENTS])}
+    return {f"{base}:norm": summarise(row_norms(per), classes),
+            f"{base}:head": summarise(per[:, :HEAD_ELEMENTS])}
+
+
+def row_norms(per: Array) -> Array:
+    """Each row's L2 norm, in float64, without a float64 copy of the rows (an image's
+    would be 1.2 MB per request): float32 dot products over :data:`NORM_BLOCK` columns
+    at a time, added in float64 (relative error about 1e-7 against a float64 norm)."""
+    acc = np.zeros(per.shape[0], dtype=np.float64)
+    floats = per if per.dtype in (np.float32, np.float64) else per.astype(np.float32)
+    for a in range(0, per.shape[1], NORM_BLOCK):
+        block = floats[:, a:a + NORM_BLOCK]
+        acc += np.einsum("ij,ij->i", block, block)
+    out: Array = np.sqrt(acc)
+    return out
 
 
 @dataclass(slots=True)

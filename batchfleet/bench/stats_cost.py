@@ -13,6 +13,7 @@ When the worker has no such option yet the row records why and is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from dataclasses import replace
@@ -55,7 +56,7 @@ def summary_us_per_request(batch: int = 256, batches: int = 400) -> float:
     for _ in range(batches):
         outs, ins = counted(one, run)
         mw.record("demo-mlp", "default", outs, ins, now=0.0)
-    for _, flush in mw.take():
+    for _, flush in asyncio.run(mw.take()):
         for summary in flush.deltas.values():
             to_fields(summary)
     return (time.process_time() - began) / (batch * batches) * 1e6

@@ -24,6 +24,7 @@ from batchfleet.connectors.output_summary import (
     buckets_of,
     from_fields,
     guess_kind,
+    row_norms,
     summarise,
     summarise_batch,
     to_fields,
@@ -217,3 +218,16 @@ def test_per_feature_moments_merge_round_trip_and_show_one_features_shift() -> N
     nan_batch = b.copy()
     nan_batch[0, 0] = np.nan  # a batch holding NaN keeps no per-feature moments
     assert summarise_batch(list(nan_batch), None).series["output"].col_rows == 0
+
+
+def test_an_image_summary_norm_is_numpys_without_a_float64_copy() -> None:
+    """A float32[3,224,224] request's ``:norm`` is numpy's float64 norm (to 1e-6), though
+    the rows are never copied whole to float64."""
+    rows = np.random.default_rng(3).standard_normal((5, 3, 224, 224)).astype(np.float32) * 4
+    want = np.linalg.norm(rows.reshape(5, -1).astype(np.float64), axis=1)
+    got = row_norms(rows.reshape(5, -1))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    norm = summarise_batch(list(rows), None).series["output:norm"]
+    assert norm.count == 5
+    assert norm.total == pytest.approx(float(want.sum()), rel=1e-6)
+    assert norm.squares == pytest.approx(float((want.astype(np.float32) ** 2).sum()), rel=1e-5)
