@@ -32,7 +32,7 @@ from batchfleet.workers.fallback.chain import (
     check_value,
     load_rules,
 )
-from batchfleet.workers.fallback.policy import DegradingPolicy
+from batchfleet.workers.fallback.policy import INERT_ONLY, DegradingPolicy
 from batchfleet.workers.fallback.steps import ChainRunner, cache_lookup
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Answer, Job
@@ -134,14 +134,22 @@ class Degrade(Middleware):
         answered: list[Answer] = []
         left: list[Job] = []
         for model, group in _by_model(jobs).items():
-            got, rest = await self.degrade(model, group, "error", errors)
-            answered += got
-            left += rest
+            # A quarantined request may kill whatever computes it: only steps that compute
+            # nothing answer it, or a fallback that dies too would loop it forever.
+            poison = [j for j in group if errors[j.request.request_id].type in INERT_ONLY]
+            rest_of = [j for j in group if errors[j.request.request_id].type not in INERT_ONLY]
+            for part, inert in ((rest_of, False), (poison, True)):
+                if part:
+                    got, rest = await self.degrade(model, part, "error", errors,
+                                                   inert_only=inert)
+                    answered += got
+                    left += rest
         return answered, left
 
     async def degrade(self, model: str, jobs: Sequence[Job], reason: str,
                       causes: Mapping[str, ErrorInfo] | ErrorInfo, *, cheap_only: bool = False,
-                      skip_model: str | None = None) -> tuple[list[Answer], list[Job]]:
+                      skip_model: str | None = None, inert_only: bool = False
+                      ) -> tuple[list[Answer], list[Job]]:
         """Answer ``jobs`` of ``model`` from its chain (or fail closed those that refuse a
         fallback): the answers, and the jobs the chain could not answer. Under
         ``deadline`` a request that refuses a fallback is left as it is: it expires, as it
@@ -153,7 +161,8 @@ class Degrade(Middleware):
                    [unavailable_answer(j, reason, _cause(causes, j), now) for j in refusing])
         got, left = await self.runners[model].answer(willing, reason, causes,
                                                      cheap_only=cheap_only,
-                                                     skip_model=skip_model)
+                                                     skip_model=skip_model,
+                                                     inert_only=inert_only)
         if got or answers:
             self._started(model, reason, len(got) + len(answers))
         if reason == "deadline":

@@ -59,12 +59,13 @@ class ChainRunner:
 
     async def answer(self, jobs: Sequence[Job], reason: str,
                      causes: Mapping[str, ErrorInfo] | ErrorInfo, *, cheap_only: bool = False,
-                     skip_model: str | None = None) -> tuple[list[Answer], list[Job]]:
+                     skip_model: str | None = None, inert_only: bool = False
+                     ) -> tuple[list[Answer], list[Job]]:
         """Degraded answers for the jobs the chain could answer, and the jobs it could not.
         ``causes``: each request's failure by ID, or one for all (a breaker open)."""
         left = list(jobs)
         answered: list[Answer] = []
-        for step in self.chain.answering(cheap_only, skip_model):
+        for step in self.chain.answering(cheap_only, skip_model, inert_only):
             if not left:
                 break
             outputs, versions, started, compute_ms = await self._run(step, left)
