@@ -243,9 +243,14 @@ class Summary:
 
     rows: int = 0
     series: dict[str, SeriesStats] = field(default_factory=dict)
+    #: Requests with a NaN anywhere in this side's tensors. A NaN usually poisons a whole
+    #: row, so the guard tests this (requests are independent samples; a row's elements
+    #: are not); the series' element counts stay for display.
+    nan_rows: int = 0
 
     def merge(self, other: Summary) -> None:
         self.rows += other.rows
+        self.nan_rows += other.nan_rows
         for name, stats in other.series.items():
             self.series.setdefault(name, SeriesStats()).merge(stats)
 
@@ -295,11 +300,16 @@ def summarise_batch(tensors: list[Any], kind: str | None) -> Summary:
     if not tensors:
         return out
     first = tensors[0]
-    if isinstance(first, dict):
-        for name in sorted(first):
-            out.series.update(series_of(name, stacked([t[name] for t in tensors]), kind))
-    else:
-        out.series.update(series_of("", stacked(tensors), kind))
+    named = ([(name, stacked([t[name] for t in tensors])) for name in sorted(first)]
+             if isinstance(first, dict) else [("", stacked(tensors))])
+    nan_rows: Array | None = None
+    for name, rows in named:
+        series = series_of(name, rows, kind)
+        out.series.update(series)
+        if any(st.nan for st in series.values()):  # only then: one more pass
+            hit: Array = np.asarray(np.isnan(rows.reshape(len(tensors), -1)).any(axis=1))
+            nan_rows = hit if nan_rows is None else nan_rows | hit
+    out.nan_rows = 0 if nan_rows is None else int(nan_rows.sum())
     return out
 
 
@@ -307,12 +317,15 @@ def summarise_batch(tensors: list[Any], kind: str | None) -> Summary:
 
 
 def to_fields(summary: Summary) -> tuple[dict[str, int], dict[str, float]]:
-    """(integer fields, float fields) to add into a stored hash: ``rows``, then per
+    """(integer fields, float fields) to add into a stored hash: ``rows``, ``nan_rows``
+    (only when some; older readers ignore it), then per
     series ``{s}|n``, ``|nan``, ``|inf``, ``|b{bucket}``, ``|k{class}``, ``|sum``, ``|sq``,
     and for a multi-element tensor ``|cn`` (rows) and each element's ``|c{i}`` (sum) and
     ``|d{i}`` (sum of squares). Windows merge by adding fields, so a window's columns
     are only meaningful while every worker sends the same number of elements."""
     ints: dict[str, int] = {"rows": summary.rows}
+    if summary.nan_rows:
+        ints["nan_rows"] = summary.nan_rows
     floats: dict[str, float] = {}
     for s, st in summary.series.items():
         ints[f"{s}|n"] = st.count
@@ -344,6 +357,9 @@ def from_fields(raw: Mapping[Any, Any]) -> Summary:
         v = value.decode() if isinstance(value, bytes) else str(value)
         if k == "rows":
             out.rows = int(v)
+            continue
+        if k == "nan_rows":
+            out.nan_rows = int(v)
             continue
         s, sep, what = k.rpartition("|")
         if not sep:
