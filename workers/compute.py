@@ -141,14 +141,21 @@ class ComputeThread:
         limit, and the stall is contained as any other."""
         if preprocess_on_device(self._runner.handlers[model]):
             return None
+        pool = self._prepare
         future = asyncio.get_running_loop().run_in_executor(
-            self._prepare, self._runner.prepare, model, inputs)
+            pool, self._runner.prepare, model, inputs)
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except TimeoutError:
-            self._prepare.shutdown(wait=False, cancel_futures=True)
-            self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+            # Only our own preprocess is given up (one never taken never runs). The pool
+            # is shared by the main lane, the aside lane and the shadow: their queued
+            # preprocesses are not cancelled; they run once the stuck thread returns, or
+            # time out on their own limits. New ones go to a fresh pool.
+            future.cancel()
             future.add_done_callback(_retrieve)
+            if self._prepare is pool:  # not yet replaced by an earlier timeout
+                self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+                pool.shutdown(wait=False)
             return None
 
     def stuck(self) -> dict[str, float]:
