@@ -26,6 +26,7 @@ from batchfleet.connectors.result_cache import SCOPE_OWNER
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.fallback.answers import TRIGGER_CAUSES, refuses, unavailable_answer
+from batchfleet.workers.fallback.arrivals import Arrivals
 from batchfleet.workers.fallback.chain import (
     FallbackChain,
     check_chain,
@@ -67,6 +68,8 @@ class Degrade(Middleware):
         self._shed_s = {m: ms / 1000.0 for m, ms in (shed_after_ms or {}).items()
                         if ms is not None}
         self._max_batch, self._max_wait_s = max_batch_size, max_wait_ms / 1000.0
+        #: When each fetched job of a shedding model arrived, for the ``overload`` age.
+        self._arrivals = Arrivals()
         #: Each model's batch cost against size (``workers/slo.py``), for ``deadline``.
         self._cost: dict[str, CostFit] = {}
         self._in_flight: Callable[[], dict[str, int]] = dict
@@ -192,6 +195,8 @@ class Degrade(Middleware):
                 and j.request.deadline_at - now < self.predicted_s(model, ahead + i, size)]
 
     async def after_decode(self, intake: Intake) -> None:
+        if self._shed_s:
+            self._arrivals.note([j for j in intake.jobs if j.request.model in self._shed_s])
         if not any(self.on(m, "deadline") for m in self.runners):
             return
         now, held = time.time(), self._in_flight()
@@ -231,8 +236,8 @@ class Degrade(Middleware):
             _take(batch, got)
         mark = self._shed_s.get(model)
         if mark is not None and self.on(model, "overload") and batch.jobs:
-            old = [j for j in batch.jobs
-                   if j.request.enqueued_at and now - j.request.enqueued_at > mark]
+            ages = self._arrivals.ages_s(batch.jobs)  # our clock, not the producer's
+            old = [j for j, age in zip(batch.jobs, ages, strict=True) if age > mark]
             if old:
                 got, _ = await self.degrade(model, old, "overload",
                                             TRIGGER_CAUSES["overload"], cheap_only=True)
