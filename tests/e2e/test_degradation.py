@@ -305,6 +305,44 @@ async def test_cache_step_answers_each_input_with_its_own_stored_output_and_stal
             assert r.fallback == "value" and r.outputs.tolist() == [-1.0]
 
 
+async def test_cache_step_never_answers_one_owner_with_anothers_entry_and_reads_per_version_scope(
+        redis_url: str) -> None:
+    """Under owner scope (the default) an entry alice's request stored never answers bob's
+    same input, while it answers alice's; with ``--cache-scope switch@default=shared`` the
+    step reads where that version's writes went (shared), so bob's is answered from it."""
+    from batchfleet.connectors.result_cache import SCOPE_OWNER, SCOPE_SHARED
+    from batchfleet.schemas.registry import DEFAULT_LABEL
+    from batchfleet.workers.per_model import PerModel
+
+    by_scope = {}
+    for seed, scope in ((13, PerModel(SCOPE_OWNER)),
+                        (14, PerModel(SCOPE_OWNER, ((("switch", DEFAULT_LABEL), SCOPE_SHARED),)))):
+        rows = _rows(4, seed=seed)  # inputs of their own: the first run's entries stay
+        model = Switchable()
+        async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                                  models=("switch",), max_attempts=1, **FAST,
+                                  cache_ttl_s=PerModel(1), cache_stale_s=PerModel(60),
+                                  cache_scope=scope,
+                                  fallback=fallback("switch=cache|value:[-1.0]")) as worker, \
+                AsyncClient(redis_url) as client:
+            assert list(worker.context.versions["switch"]) == [DEFAULT_LABEL]
+            stored = await client.wait_many(
+                await client.submit_many("switch", rows, owner="alice"), 30)
+            assert not any(r.degraded or r.cached for r in stored)
+            await asyncio.sleep(1.5)  # past the freshness TTL: only the fallback reads them
+            model.broken = True
+            bob = await client.wait_many(
+                await client.submit_many("switch", rows[:2], owner="bob"), 30)
+            alice = await client.wait_many(
+                await client.submit_many("switch", rows[2:], owner="alice"), 30)
+        assert all(r.degraded and r.fallback == "cache" for r in alice)
+        assert [np.asarray(r.outputs).tolist() for r in alice] == [
+            np.asarray(r.outputs).tolist() for r in stored[2:]]
+        by_scope[scope.overrides != ()] = [r.fallback for r in bob]
+    assert by_scope[False] == ["value", "value"]  # owner scope: never alice's entry
+    assert by_scope[True] == ["cache", "cache"]  # shared for this version: read where written
+
+
 async def test_deadline_requests_are_answered_degraded_before_their_deadline_or_expire_if_never(
         redis_url: str) -> None:
     from tests.support.models import paced

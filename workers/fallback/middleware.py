@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.result_cache import SCOPE_OWNER
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.fallback.answers import TRIGGER_CAUSES, refuses, unavailable_answer
@@ -39,8 +38,10 @@ from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.breakers import Breakers
+from batchfleet.workers.middleware.result_cache import BY_OWNER, scope_for
 from batchfleet.workers.middleware.rollout_stats import VersionStats
 from batchfleet.workers.models import versions as model_versions
+from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.slo import CostFit
 
@@ -61,7 +62,7 @@ class Degrade(Middleware):
     def __init__(self, chains: Mapping[str, FallbackChain],
                  triggers: Mapping[str, frozenset[str]], *, cache_on: Mapping[str, bool],
                  metrics: WorkerMetrics | None = None,
-                 scopes: Mapping[str, str] | None = None,
+                 scopes: PerModel[str] | None = None,
                  shed_after_ms: Mapping[str, float | None] | None = None,
                  max_batch_size: int = 64, max_wait_ms: float = 5.0) -> None:
         #: ``--shed-after-ms``: the ``overload`` trigger's mark, per model (None: off).
@@ -73,8 +74,8 @@ class Degrade(Middleware):
         #: Each model's batch cost against size (``workers/slo.py``), for ``deadline``.
         self._cost: dict[str, CostFit] = {}
         self._in_flight: Callable[[], dict[str, int]] = dict
-        #: Each model's ``--cache-scope`` (the ``cache`` step reads within it).
-        self._scopes = dict(scopes or {})
+        #: ``--cache-scope`` (the ``cache`` step reads where the cache writes: per version).
+        self._scopes = scopes or BY_OWNER
         #: Models with a chain that answers (a chain of ``fail`` alone changes nothing).
         self.chains = {m: c for m, c in chains.items() if c.active}
         self.triggers = {m: triggers.get(m, frozenset()) for m in self.chains}
@@ -105,7 +106,7 @@ class Degrade(Middleware):
             runner.rules = {s: load_rules(s.arg) for s in chain.steps if s.kind == "rules"}
             if any(s.kind == "cache" for s in chain.steps):
                 runner.lookup = cache_lookup(ctx.plane.result_cache, model,
-                                             self._scopes.get(model, SCOPE_OWNER))
+                                             self._scope_of(model, next(iter(versions[model]))))
             self.runners[model] = runner
         self._versions = ctx.find(VersionStats)
         self._in_flight = ctx.in_flight
@@ -114,6 +115,11 @@ class Degrade(Middleware):
         if breakers is not None and drain:
             self._guards = breakers.guards
             self._guards.draining = drain
+
+    def _scope_of(self, model: str, first: str) -> Callable[[Job], str]:
+        """A job's cache scope as the cache's writes resolve it: by the version label its
+        batch computes on (routing's choice, else the model's first version)."""
+        return lambda job: scope_for(self._scopes, model, job.version or first)
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         for model, runner in self.runners.items():
@@ -368,7 +374,7 @@ async def _one_output(handler: Any) -> Any:
 def degrade_middleware(chains: Mapping[str, FallbackChain],
                        triggers: Mapping[str, frozenset[str]], cache_on: Mapping[str, bool],
                        metrics: WorkerMetrics | None,
-                       scopes: Mapping[str, str] | None = None, **options: Any
+                       scopes: PerModel[str] | None = None, **options: Any
                        ) -> list[Middleware]:
     """``[Degrade(...)]`` when some model has a chain that answers; else nothing.
     ``options``: ``shed_after_ms``, ``max_batch_size``, ``max_wait_ms``."""

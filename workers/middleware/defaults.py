@@ -57,7 +57,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
               # before Breakers: it answers an open breaker's batches from the chain
               *degrade_middleware(chains, s.degrade_triggers(served), cache_on, metrics,
-                                 {m: s.cache_scope.for_model(m) for m in served},
+                                 s.cache_scope,
                                  shed_after_ms={m: s.shed_after_ms.for_model(m)
                                                 for m in served},
                                  max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms),
