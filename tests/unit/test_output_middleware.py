@@ -144,3 +144,33 @@ async def test_folds_run_on_the_statistics_thread_never_on_the_loop(
     assert flush.deltas[("v1", "inputs")].rows == rows + 1
     assert threads and threading.get_ident() not in threads
     await mw.on_stop(None)  # type: ignore[arg-type]
+
+
+async def test_a_statistics_thread_that_falls_behind_leaves_batches_out_never_holds_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory stays bounded: past ``max_pending`` queued folds a batch is left out of the
+    statistics (logged), not held; a flush's remainder is still counted."""
+    import threading
+
+    from batchfleet.workers.middleware import output_stats
+
+    gate = threading.Event()
+    real = output_stats.summarise_batch
+
+    def slow(tensors: list[Any], kind: str | None) -> Any:
+        gate.wait(10)
+        return real(tensors, kind)
+
+    monkeypatch.setattr(output_stats, "summarise_batch", slow)
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600, max_pending=1)
+    fold = [np.zeros(1, np.float32)] * output_stats.FOLD_ROWS
+    mw.record("m", "v1", fold, fold, now=0.0)  # queued on the (blocked) thread
+    mw.record("m", "v1", fold, fold, now=0.0)  # one fold behind already: left out
+    held = mw._held[(0, "m", "v1")]
+    assert len(held.pending) == 1 and not held.outputs and mw._skipped == len(fold)
+    mw.record("m", "v1", fold[:5], fold[:5], now=0.0)
+    gate.set()
+    (_, flush), = await mw.take()
+    assert flush.deltas[("v1", "outputs")].rows == len(fold) + 5
+    assert mw._skipped == 0  # reported at the flush
+    await mw.on_stop(None)  # type: ignore[arg-type]

@@ -111,7 +111,8 @@ class OutputStats(Middleware):
 
     def __init__(self, kinds: PerModel[str | None] | None = None, window_s: int = 60,
                  keep_s: int = 24 * 3600, every_s: float = 2.0,
-                 metrics: WorkerMetrics | None = None, report_every_s: float = 15.0) -> None:
+                 metrics: WorkerMetrics | None = None, report_every_s: float = 15.0,
+                 max_pending: int = MAX_PENDING_FOLDS) -> None:
         self._kinds = kinds or PerModel(None)
         self._window_s = window_s
         self._keep_s = keep_s
@@ -126,6 +127,7 @@ class OutputStats(Middleware):
         #: One thread, the statistics' own: not the loop's, not the compute thread's.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchfleet-output-stats")
         self._skipped = 0
+        self._max_pending = max_pending
         self._unflushed: list[tuple[str, Flush]] = []
         #: The guard's evidence: (model, canary, stable, since) -> (settled up to, merged).
         self._settled: dict[tuple[str, str, str, float],
@@ -166,14 +168,14 @@ class OutputStats(Middleware):
 
     def _fold_aside(self, model: str, label: str, held: Held, may_skip: bool = True) -> None:
         """Hand what is held to the statistics thread; from ``record``, leave it out
-        instead (logged at the next flush) while that thread is :data:`MAX_PENDING_FOLDS`
+        instead (logged at the next flush) while that thread is ``max_pending``
         folds behind. A flush's remainder is never left out: it is at most a fold's size."""
         if not held.outputs:
             return
         outputs, inputs = held.outputs, held.inputs
         held.outputs, held.inputs = [], []
         queued = sum(not f.done() for h in self._held.values() for f in h.pending)
-        if may_skip and queued >= MAX_PENDING_FOLDS:
+        if may_skip and queued >= self._max_pending:
             self._skipped += len(outputs)
             return
         try:
