@@ -47,6 +47,41 @@ class BreakerView(Protocol):
     def trips(self) -> int: ...
 
 
+class ResidencyMetrics:
+    """Loading on demand (docs/models.md, "Loading on demand"): cold starts by phase, loads,
+    evictions and what is loaded. ``batchfleet_model_load_seconds`` keeps its meaning (the
+    last set-up plus warm-up), set on every load too."""
+
+    def __init__(self, r: CollectorRegistry, model_load: Gauge) -> None:
+        self.model_load = model_load
+        # Loading on demand (docs/models.md, "Loading on demand")
+        self.cold_start = Histogram("batchfleet_model_cold_start_seconds", "Loading a model "
+                                    "version on demand: phase load (build and set-up) or "
+                                    "warmup (its warm-up batches)",
+                                    ["model", "version", "phase"], buckets=_LATENCY_BUCKETS,
+                                    registry=r)
+        self.model_loads = Counter("batchfleet_model_loads", "Model versions loaded on "
+                                   "demand", ["model", "version"], registry=r)
+        self.model_evictions = Counter("batchfleet_model_evictions", "Model versions "
+                                       "evicted to make room", ["model", "version"],
+                                       registry=r)
+        self.model_loaded = Gauge("batchfleet_model_loaded", "1 while a model version is "
+                                  "loaded (held in memory and read)", ["model", "version"],
+                                  registry=r)
+
+    def on_model_loaded(self, model: str, version: str, load_s: float,
+                        warmup_s: float) -> None:
+        self.cold_start.labels(model, version, "load").observe(load_s)
+        self.cold_start.labels(model, version, "warmup").observe(warmup_s)
+        self.model_loads.labels(model, version).inc()
+        self.model_loaded.labels(model, version).set(1)
+        self.model_load.labels(model).set(load_s + warmup_s)
+
+    def on_model_evicted(self, model: str, version: str) -> None:
+        self.model_evictions.labels(model, version).inc()
+        self.model_loaded.labels(model, version).set(0)
+
+
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -95,6 +130,7 @@ class WorkerMetrics:
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
+        self.residency = ResidencyMetrics(r, self.model_load)
         self.model_accuracy = Gauge("batchfleet_model_accuracy_diff", "A non-eager runtime's "
                                     "difference from eager fp32 on the calibration rows "
                                     "(stat: max_abs, mean_abs, relative)", ["model", "stat"],

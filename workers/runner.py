@@ -119,6 +119,8 @@ class ModelRunner:
         What a handler raises there is a ConfigError naming the model: it is not served."""
         took: dict[str, float] = {}
         for name, handler in self.handlers.items():
+            if not getattr(handler, "resident", True):  # loaded on demand (models/lazy.py)
+                continue
             start = time.perf_counter()
             try:
                 handler.setup(self.device)

@@ -382,7 +382,8 @@ class Worker(DefaultViews):
 def _load(s: WorkerSettings) -> dict[str, dict[str, ModelHandler]]:
     """The models of ``--model``, ``module:factory`` ones imported from ``--app-dir``."""
     add_app_dir(s.app_dir)
-    return load_versions(s.models, s.max_batch_size, s.runtime_for, s.input_spec_for)
+    return load_versions(s.models, s.max_batch_size, s.runtime_for, s.input_spec_for,
+                         on_demand=s.on_demand)
 
 
 #: ``_next_batch``'s "nothing yet": look at the held batches again.

@@ -20,6 +20,7 @@ from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
+from batchfleet.workers.middleware.residency import model_residency
 from batchfleet.workers.middleware.result_cache import result_cache
 from batchfleet.workers.middleware.rollout_guard import RolloutGuard
 from batchfleet.workers.middleware.rollout_stats import PolicyCache, VersionStats
@@ -50,7 +51,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
-              OperatorPauses(),
+              OperatorPauses(), *model_residency(s, metrics),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)

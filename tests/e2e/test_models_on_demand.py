@@ -1,0 +1,123 @@
+"""Models loaded on demand within a budget (docs/models.md, "Loading on demand"), with a
+real worker process and Redis: three models, room for two, traffic moving between them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchfleet.connectors import open_control_plane
+from batchfleet.producers import AsyncClient
+
+pytestmark = pytest.mark.e2e
+BATCHFLEET = (str(Path(sys.executable).with_name("batchfleet")),)
+MODELS = ("a=demo-mlp", "b=demo-mlp:seed=2", "c=demo-mlp:seed=3")
+
+
+@asynccontextmanager
+async def _worker(redis_url: str, ns: str, *args: str) -> AsyncIterator[list[str]]:
+    """``batchfleet worker`` as a process; yields its log lines (kept up to date)."""
+    proc = await asyncio.create_subprocess_exec(
+        *BATCHFLEET, "worker", "--broker", redis_url, "--namespace", ns, "--device", "cpu",
+        "--no-webhooks", "--log-format", "json", *args,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    lines: list[str] = []
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            lines.append(line.decode())
+
+    reader = asyncio.create_task(read())
+    try:
+        for _ in range(1200):  # liveness only: start-up imports torch
+            if any("worker ready" in line for line in lines) or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert any("worker ready" in line for line in lines), "".join(lines)[-3000:]
+        yield lines
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+        await asyncio.wait_for(reader, 10)
+
+
+def _events(lines: list[str], event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            out.append(record)
+    return out
+
+
+async def test_three_models_with_room_for_two_and_traffic_moving_between_them(
+        redis_url: str) -> None:
+    """Every request succeeds exactly once (one attempt, no duplicate write); the heartbeat
+    never reports more than two loaded; loads and evictions are counted; a cold model's
+    requests wait in its lane, they never fail."""
+    ns = "ondemand1"
+    plane = open_control_plane(redis_url, namespace=ns)
+    seen_loaded: list[list[str]] = []
+    last: dict[str, Any] = {}
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            for beat in await plane.heartbeats.read_all():
+                seen_loaded.append(list(beat.extra.get("loaded", [])))
+                last.update(beat.extra, duplicates=beat.counters.get("duplicates", 0))
+            await asyncio.sleep(0.05)
+
+    phases = [("a", "b"), ("c",), ("a",), ("b", "c"), ("a", "c"), ("b",)]
+    ids: dict[str, str] = {}
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client:
+        # the first phase is enqueued before the worker starts: cold from the first request
+        for model in phases[0]:
+            for i in range(5):
+                ids[await client.submit(model, [float(i)] * 10)] = model
+        args = [a for spec in MODELS for a in ("--model", spec)]
+        async with _worker(redis_url, ns, *args, "--max-loaded-models", "2",
+                           "--min-residency-s", "0.2") as lines:
+            watcher = asyncio.create_task(watch())
+            try:
+                results = await client.wait_many(list(ids), timeout=60)
+                for phase in phases[1:]:
+                    batch = {}
+                    for model in phase:
+                        for i in range(5):
+                            batch[await client.submit(model, [float(i)] * 10)] = model
+                    ids.update(batch)
+                    results += await client.wait_many(list(batch), timeout=60)
+                await asyncio.sleep(2.5)  # one more beat, with the final counts
+            finally:
+                stop.set()
+                await watcher
+    await plane.close()
+    assert len(results) == len(ids) == 5 * sum(len(p) for p in phases)
+    for result in results:
+        assert result.status == "succeeded", result
+        assert result.attempts == 1 and result.model == ids[result.request_id]
+    assert seen_loaded and max(len(loaded) for loaded in seen_loaded) <= 2
+    assert any(len(loaded) == 2 for loaded in seen_loaded)
+    loads, evictions = _events(lines, "model loaded"), _events(lines, "model evicted")
+    # a, b; then c evicts one; every later phase that needs the third evicts again
+    assert len(loads) >= 4 and len(evictions) >= 2
+    assert len(loads) - len(evictions) <= 2
+    assert {e["model"] for e in loads} == {"a", "b", "c"}
+    assert last["model_loads"] == len(loads) and last["model_evictions"] == len(evictions)
+    assert last["duplicates"] == 0

@@ -1,0 +1,56 @@
+"""The rules of loading on demand (``workers.residency``), as pure decisions."""
+
+from __future__ import annotations
+
+from batchfleet.workers.residency import Decision, Limits, Resident, decide, fits, wanted
+
+TWO = Limits(max_models=2, min_residency_s=10.0)
+
+
+def _r(loaded_at: float, last_used: float, mb: float = 0.0, busy: bool = False) -> Resident:
+    return Resident(loaded_at, last_used, mb, busy)
+
+
+def test_wanted_is_not_loaded_old_enough_and_oldest_first() -> None:
+    waiting = {"a": 1.0, "b": 3.0, "c": 0.2, "d": 5.0}
+    assert wanted(waiting, ["d"], {"c": 0.5}) == ["b", "a"]
+
+
+def test_a_model_loads_when_it_fits() -> None:
+    assert decide({"a": _r(0, 0)}, ["b"], {"b": 0.1}, {}, TWO, now=1.0) == Decision(load="b")
+
+
+def test_the_least_recently_used_idle_model_makes_room() -> None:
+    residents = {"a": _r(0, 50), "b": _r(0, 40)}
+    assert decide(residents, ["c"], {"c": 0.1}, {}, TWO, now=100) == Decision("c", ("b",))
+
+
+def test_a_model_is_not_evicted_within_its_minimum_residency() -> None:
+    residents = {"a": _r(95, 95), "b": _r(0, 40, busy=True)}
+    assert decide(residents, ["c"], {"c": 0.1}, {}, TWO, now=100) == Decision()
+
+
+def test_busy_models_are_preempted_only_for_a_request_that_waited_past_the_minimum() -> None:
+    residents = {"a": _r(0, 99, busy=True), "b": _r(5, 99, busy=True)}
+    assert decide(residents, ["c"], {"c": 3.0}, {}, TWO, now=100) == Decision()
+    assert decide(residents, ["c"], {"c": 11.0}, {}, TWO, now=100) == Decision("c", ("a",))
+
+
+def test_the_memory_budget_evicts_as_many_as_it_takes() -> None:
+    budget = Limits(budget_mb=100, min_residency_s=0)
+    residents = {"a": _r(0, 1, mb=40), "b": _r(0, 2, mb=40), "c": _r(0, 3, mb=10)}
+    assert decide(residents, ["d"], {"d": 1}, {"d": 60}, budget, now=10) == Decision(
+        "d", ("a", "b"))
+    # unknown size (never loaded): counted as 0 until measured
+    assert decide(residents, ["d"], {"d": 1}, {}, budget, now=10) == Decision("d")
+
+
+def test_a_model_larger_than_the_budget_still_loads_alone() -> None:
+    budget = Limits(budget_mb=10, min_residency_s=0)
+    assert fits({}, 50, budget)
+    assert decide({"a": _r(0, 0, mb=5)}, ["b"], {"b": 1}, {"b": 50}, budget,
+                  now=1) == Decision("b", ("a",))
+
+
+def test_nothing_wanted_nothing_done() -> None:
+    assert decide({"a": _r(0, 0)}, [], {}, {}, TWO, now=1) == Decision()
