@@ -118,19 +118,29 @@ def cache_cell(counters: Mapping[str, int]) -> str:
     return f"{hits / looked:.0%} · {_age(saved_s)} saved"
 
 
+def loaded_cell(loaded: tuple[str, ...] | None) -> str:
+    """The models a worker holds in memory: "all" unless it loads them on demand
+    (docs/models.md, "Loading on demand"), then those loaded now ("—": none)."""
+    if loaded is None:
+        return "all"
+    return ", ".join(loaded) or "—"
+
+
 def workers_table(snap: FleetSnapshot, *, wide: bool = False,
                   no_headers: bool = False) -> Table:
     """One row per live worker, its full ID first; ``wide`` adds broker and uptime; ``cache``
-    is the result cache's hit ratio and saved compute (docs/cache.md)."""
+    is the result cache's hit ratio and saved compute (docs/cache.md); ``loaded`` the models it
+    holds in memory (:func:`loaded_cell`)."""
     right = ("buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen", "up")
     table = _table("workers", [(col, col in right) for col in (
-        "worker", "host", "device", *(("broker",) if wide else ()), "models", "breakers",
+        "worker", "host", "device", *(("broker",) if wide else ()), "models", "loaded",
+        "breakers",
         "buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen",
         *(("up",) if wide else ()))], no_headers=no_headers)
     for w in snap.workers:
         states = {name: {state: 1} for name, state in w.breakers.items()}
         table.add_row(w.worker_id, w.host, w.device, *((w.broker,) if wide else ()),
-                      ", ".join(w.models), _breakers(states, 1),
+                      ", ".join(w.models), loaded_cell(w.loaded), _breakers(states, 1),
                       str(w.buffered), f"{w.throughput_rps:,.1f}",
                       f"{w.counters['succeeded']:,}", f"{w.counters['failed']:,}",
                       f"{w.counters['dead_lettered']:,}", cache_cell(w.counters),

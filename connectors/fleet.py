@@ -93,6 +93,9 @@ class WorkerView:
     stuck_compute: dict[str, float] = field(default_factory=dict)
     #: Model -> its own req/s and counters since start (``HeartbeatRecord.model_stats``).
     model_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Models held in memory, where it loads them on demand (``--max-loaded-models``);
+    #: None: it holds every model it serves.
+    loaded: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +176,9 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         lanes=dict(record.lanes),
         stuck_compute={str(k): float(v)
                        for k, v in (record.extra.get("stuck_compute") or {}).items()},
-        model_stats={m: dict(v) for m, v in record.model_stats.items()})
+        model_stats={m: dict(v) for m, v in record.model_stats.items()},
+        loaded=(None if record.extra.get("loaded") is None
+                else tuple(str(m) for m in record.extra["loaded"])))
 
 
 def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:

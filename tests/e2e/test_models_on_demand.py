@@ -121,3 +121,74 @@ async def test_three_models_with_room_for_two_and_traffic_moving_between_them(
     assert {e["model"] for e in loads} == {"a", "b", "c"}
     assert last["model_loads"] == len(loads) and last["model_evictions"] == len(evictions)
     assert last["duplicates"] == 0
+
+
+SLOW_WARMUP = """\
+import time
+from pathlib import Path
+
+import torch
+
+LOG = Path(__file__).resolve().parent.parent / "calls.log"
+
+
+class Slow(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        warmup = float(x.abs().sum()) == 0.0  # warm-up rows are zeros; requests are not
+        with LOG.open("a") as f:
+            f.write(f"{'warmup' if warmup else 'request'} {x.shape[0]}\\n")
+        if warmup:
+            time.sleep(0.7)
+        return x.sum(dim=1, keepdim=True)
+
+
+def build() -> torch.nn.Module:
+    return Slow()
+"""
+
+
+async def test_a_version_is_not_reported_loaded_before_its_warm_up_ran(
+        redis_url: str, tmp_path: Path) -> None:
+    """While its warm-up batches (1, 8 and the max batch size) run, the heartbeat says
+    ``loading``, not ``loaded``, and the request waits; it computes after every warm-up
+    batch. The cold start is measured by phase."""
+    import httpx
+
+    from tests.support.shadow_cost import free_port
+
+    (tmp_path / "slowmod").mkdir()
+    (tmp_path / "slowmod" / "__init__.py").write_text(SLOW_WARMUP)
+    log = tmp_path / "calls.log"
+    ns, port = "ondemand2", free_port()
+    plane = open_control_plane(redis_url, namespace=ns)
+    seen: list[tuple[list[str], list[str], list[str]]] = []
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client:
+        request = await client.submit("w", [1.0] * 4)
+        async with _worker(redis_url, ns, "--model", "w=slowmod:build", "--input-spec",
+                           "w=float32[4]", "--max-loaded-models", "1", "--app-dir",
+                           str(tmp_path), "--metrics-port", str(port),
+                           "--metrics-host", "127.0.0.1"):
+            waiting = asyncio.create_task(client.wait(request, timeout=60))
+            # until answered and a beat says loaded (liveness bound only)
+            for _ in range(1200):
+                if waiting.done() and any("w" in loaded for _, loaded, _ in seen):
+                    break
+                for beat in await plane.heartbeats.read_all():
+                    calls = log.read_text().split("\n") if log.exists() else []
+                    seen.append((beat.extra.get("loading", []), beat.extra.get("loaded", []),
+                                 [c for c in calls if c]))
+                await asyncio.sleep(0.05)
+            result = await waiting
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    await plane.close()
+    assert result.status == "succeeded" and result.attempts == 1, result
+    assert any(loading == ["w"] and "w" not in loaded for loading, loaded, _ in seen), seen
+    first_loaded = next(calls for _, loaded, calls in seen if "w" in loaded)
+    assert first_loaded[:3] == ["warmup 1", "warmup 8", "warmup 64"], first_loaded
+    assert log.read_text().split() == ["warmup", "1", "warmup", "8", "warmup", "64",
+                                       "request", "1"]
+    for phase in ("load", "warmup"):
+        assert (f'batchfleet_model_cold_start_seconds_count{{model="w",phase="{phase}",'
+                f'version="default"}} 1.0') in metrics
+    assert 'batchfleet_model_loads_total{model="w",version="default"} 1.0' in metrics

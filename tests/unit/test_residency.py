@@ -54,3 +54,21 @@ def test_a_model_larger_than_the_budget_still_loads_alone() -> None:
 
 def test_nothing_wanted_nothing_done() -> None:
     assert decide({"a": _r(0, 0)}, [], {}, {}, TWO, now=1) == Decision()
+
+
+def test_status_shows_the_loaded_set_from_the_heartbeat() -> None:
+    """A worker that loads on demand says which models it holds; one that does not holds
+    them all (``batchfleet status``'s ``loaded`` column)."""
+    from batchfleet.connectors.fleet import worker_view
+    from batchfleet.schemas.heartbeat import decode_heartbeat, encode_heartbeat
+    from batchfleet.status import loaded_cell
+
+    beat = {"worker_id": "w", "models": ["a", "b", "c"], "seen_at": 1.0}
+    on_demand = decode_heartbeat(encode_heartbeat({**beat, "loaded": ["a", "c"]}))
+    every = decode_heartbeat(encode_heartbeat(beat))
+    assert on_demand is not None and every is not None
+    assert worker_view(on_demand, 2.0).loaded == ("a", "c")
+    assert worker_view(every, 2.0).loaded is None
+    assert loaded_cell(("a", "c")) == "a, c"
+    assert loaded_cell(()) == "—"
+    assert loaded_cell(None) == "all"

@@ -110,7 +110,8 @@
     fill($("#workers tbody"), o.workers.map((w) => el("tr",
       {"data-worker": w.worker_id, class: w.stale ? "stale" : ""},
       td(w.worker_id, "text"), td(w.host, "text"), td(w.device, "text"),
-      td(w.models.join(", "), "text"), td(age(w.up_s)),
+      td(w.models.join(", ") + (w.loaded ? " (loaded: " + (w.loaded.join(", ") || "none") + ")" : ""),
+        "text"), td(age(w.up_s)),
       td(age(w.seen_s_ago) + (w.stale ? " stale" : ""), w.stale ? "bad" : ""),
       breakers(w.breakers), td(num(w.rps, 1)),
       td(num(w.counters.succeeded)), td(num(w.counters.failed), w.counters.failed ? "bad" : ""))));
