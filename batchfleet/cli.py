@@ -245,6 +245,8 @@ def worker() -> None:
 
         batchfleet worker -m demo-mlp -m demo-encoder --retry 5 --retry demo-encoder=2:0.2:10
 
+        batchfleet worker -m fraud=mypkg.models:build --fallback 'fraud=rules:mypkg.rules:score'
+
         batchfleet worker --broker redis://:secret@localhost:6379/0 --print-config
     """
 

@@ -61,6 +61,10 @@ def bench(
     ] = False,
     cache_rows: Annotated[int | None, typer.Option(
         help="Rows in the --cache bulk job (default 20,000).")] = None,
+    stats_cost: Annotated[bool, typer.Option(
+        "--stats-cost", help="Add the output statistics' cost row: demo-mlp closed loop "
+                             "with --no-output-stats and with them on, alternating, two "
+                             "rounds each (docs/monitoring.md).")] = False,
     profile: Annotated[bool, typer.Option(
         "--profile", help="Extra passes under py-spy (worker and client); ranked hot spots.")
     ] = False,
@@ -111,6 +115,13 @@ def bench(
                            "redis+cluster://host:port,... or --cluster, on a Redis Cluster: "
                            "every primary read and summed, and each primary's share.")
     ] = False,
+    degrade: Annotated[bool, typer.Option(
+        "--degrade", help="Instead of the fleet bench: a model failing every request while "
+                          "open-loop traffic continues (--rps, default 50/s, for --seconds), "
+                          "without and with a fallback chain; caller p99 and the share "
+                          "answered (docs/degradation.md, docs/performance.md).")] = False,
+    rps: Annotated[float | None, typer.Option(
+        help="With --degrade: the offered requests per second (default 50).")] = None,
     cluster: Annotated[bool, typer.Option(
         "--cluster", help="With --capacity and no --redis: start a throwaway Redis Cluster "
                           "(3 primaries, 3 replicas on loopback) and count on it.")] = False,
@@ -142,6 +153,8 @@ def bench(
 
         batchfleet bench --sweep --cache
 
+        batchfleet bench --quick --no-sweep --stats-cost
+
         batchfleet bench --no-sweep --seconds 20 --out /tmp/bench
 
         batchfleet bench --quick --torch-threads 1 --out bench-results/one-thread
@@ -149,6 +162,8 @@ def bench(
         batchfleet bench --from-json bench-results/bench.json --plot docs/bench-sweep.png
 
         batchfleet bench --runtimes -m demo-encoder --out bench-results/runtimes
+
+        batchfleet bench --degrade --rps 50 --seconds 10
 
         batchfleet bench --capacity --max-requests 20000
 
@@ -164,6 +179,9 @@ def bench(
     if capacity or cluster:  # a measurement of its own instead of the fleet bench
         return _bench_capacity(out, max_requests, mlp_batch_size, max_wait_ms, redis,
                                cluster, poll_interval_s, as_json, capacity)
+    if degrade:  # likewise
+        return _bench_degrade(redis, rps or 50.0, seconds or (5.0 if quick else 10.0),
+                              as_json)
     if runtimes:  # likewise
         return _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis,
                                max_requests, as_json)
@@ -190,6 +208,10 @@ def bench(
     if sweep is not None:
         plan = replace(plan, sweep=full_plan(out).sweep if sweep else None)
     plan = _load_and_rows(plan, producers, broker_loop, slo, cache, cache_rows, seconds)
+    if stats_cost:
+        from batchfleet.bench.plan import StatsCostPlan
+
+        plan = replace(plan, stats_cost=StatsCostPlan(transport=(transport or ["redis"])[0]))
     if plan.sweep is not None and (sweep_batch or sweep_wait):
         plan = replace(plan, sweep=replace(
             plan.sweep, batch_sizes=tuple(sweep_batch or plan.sweep.batch_sizes),
@@ -275,6 +297,15 @@ def _check_url(redis: str | None) -> None:
             parse_url(redis, result_store_schemes(), "--redis")
         except ConfigError as exc:
             raise fail(str(exc)) from exc
+
+
+def _bench_degrade(redis: str | None, rps: float, seconds: float, as_json: bool) -> None:
+    """``bench --degrade``: batchfleet/bench/degrade.py."""
+    from batchfleet.bench.degrade import render, run_degrade
+    from batchfleet.schemas.json_form import finite
+
+    found = run_degrade(redis, rps=rps, seconds=seconds)
+    typer.echo(json.dumps(finite(found), indent=2) if as_json else render(found))
 
 
 def _bench_runtimes(models: list[str] | None, out: Path, seconds: float, redis: str | None,

@@ -165,7 +165,7 @@ def _run(ctx: typer.Context, values: dict[str, Any]) -> None:
     try:
         tuning = Tuning(window=s.window, stall_s=s.stall_s, part_rows=s.part_rows,
                         early_stop_rows=s.early_stop_rows,
-                        early_stop_rate=s.early_stop_rate).validated()
+                        early_stop_rate=s.early_stop_rate, degrade=s.degrade).validated()
         if s.restart and s.retry_failed:
             raise ConfigError("--restart and --retry-failed cannot be combined")
         options: dict[str, Any] = {

@@ -218,3 +218,10 @@ def _declared(record: ModelRecord) -> str:
     if record.declared is None:
         return "—"
     return record.declared.input.describe() if record.declared.input else "any"
+
+
+# ``models baseline`` and ``models outputs`` (output statistics) live in their own module.
+from batchfleet.cli_models_outputs import baseline, outputs  # noqa: E402
+
+models_app.command()(baseline)
+models_app.command()(outputs)

@@ -131,17 +131,16 @@ def workers_table(snap: FleetSnapshot, *, wide: bool = False,
     """One row per live worker, its full ID first; ``wide`` adds broker and uptime; ``cache``
     is the result cache's hit ratio and saved compute (docs/cache.md); ``loaded`` the models it
     holds in memory (:func:`loaded_cell`)."""
-    right = ("buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen", "up")
+    right = ("buffered", "req/s", "degraded/s", "ok", "failed", "dlq'd", "cache", "seen", "up")
     table = _table("workers", [(col, col in right) for col in (
         "worker", "host", "device", *(("broker",) if wide else ()), "models", "loaded",
-        "breakers",
-        "buffered", "req/s", "ok", "failed", "dlq'd", "cache", "seen",
+        "breakers", "buffered", "req/s", "degraded/s", "ok", "failed", "dlq'd", "cache", "seen",
         *(("up",) if wide else ()))], no_headers=no_headers)
     for w in snap.workers:
         states = {name: {state: 1} for name, state in w.breakers.items()}
         table.add_row(w.worker_id, w.host, w.device, *((w.broker,) if wide else ()),
                       ", ".join(w.models), loaded_cell(w.loaded), _breakers(states, 1),
-                      str(w.buffered), f"{w.throughput_rps:,.1f}",
+                      str(w.buffered), f"{w.throughput_rps:,.1f}", f"{w.degraded_rps:,.1f}",
                       f"{w.counters['succeeded']:,}", f"{w.counters['failed']:,}",
                       f"{w.counters['dead_lettered']:,}", cache_cell(w.counters),
                       _age(w.seen_s_ago),

@@ -26,6 +26,8 @@ type checking only.
 * :class:`RequestControl` — cancel and lane purge (with the broker's lanes, where it has them).
 * :class:`Routes` — settled per-request version choices of a rollout.
 * :class:`RolloutStats` / :class:`Rollouts` — per-version stats; rollout operations.
+* :class:`OutputStats` — output and input statistics per version, in time windows
+  (``connectors.output_stats``).
 * :class:`Quotas` — per-key rate and in-flight admission (the gateway).
 * :class:`BulkJobStore` — bulk job records, leases and shard index.
 * :class:`FleetReads` — the fleet snapshot ``status`` shows.
@@ -33,7 +35,7 @@ type checking only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchfleet.connectors.values import (
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from batchfleet.connectors.broker import Broker
     from batchfleet.connectors.fleet import FleetSnapshot
     from batchfleet.connectors.model_registry import ModelRegistry
+    from batchfleet.connectors.output_stats import Baseline, Flush
+    from batchfleet.connectors.output_summary import Summary
     from batchfleet.connectors.quotas import Admission, Quota
     from batchfleet.connectors.request_control import CancelReport, PurgeReport
     from batchfleet.connectors.rollout import RolloutStatus
@@ -199,6 +203,18 @@ class RolloutStats(Protocol):
                           ) -> bool: ...
 
 
+class OutputStats(Protocol):
+    """What each version answered (and was asked), flushed by workers into time windows,
+    read merged by ``models outputs``, the gateway and the rollout guard."""
+
+    async def flush(self, model: str, flush: Flush) -> None: ...
+    async def read(self, model: str, since: float, until: float | None = None,
+                   labels: Collection[str] | None = None, side: str | None = None
+                   ) -> dict[tuple[str, str], Summary]: ...
+    async def freeze(self, model: str, baseline: Baseline) -> None: ...
+    async def baselines(self, model: str, labels: Iterable[str]) -> dict[str, Baseline]: ...
+
+
 class Rollouts(Protocol):
     """The rollout operations (``connectors.rollout.Rollouts``) over the plane's seams."""
 
@@ -282,6 +298,8 @@ class ControlPlane(Protocol):
     def rollout_stats(self) -> RolloutStats: ...
     @property
     def rollouts(self) -> Rollouts: ...
+    @property
+    def output_stats(self) -> OutputStats: ...
     @property
     def quotas(self) -> Quotas: ...
     @property

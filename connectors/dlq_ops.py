@@ -7,8 +7,9 @@ Replay re-runs a request under the same ID. Its ``failed`` result is turned
 back into ``pending`` under a higher *generation* (a fencing token) and the
 request is re-published stamped with it; the result store then refuses any
 late write from the older generation, so the replayed run's result is the one
-that sticks. Only ``failed`` requests are replayed: a request that succeeded or
-expired meanwhile is left alone. Copies of the older generation still in flight
+that sticks. Only ``failed`` requests are replayed, and degraded ones (a fallback
+answered them, docs/degradation.md): a request that succeeded or expired meanwhile is
+left alone. Copies of the older generation still in flight
 (in a buffer, or parked for a retry) are dropped unrun by the workers, and the
 DLQ keeps at most one letter per request ID and generation.
 
@@ -25,7 +26,7 @@ from batchfleet.connectors.broker import OutboundMessage, Publisher
 from batchfleet.connectors.control_plane import DeadLetters, Results
 from batchfleet.connectors.registry import open_broker, open_control_plane
 from batchfleet.connectors.urls import BrokerURL, results_url_for
-from batchfleet.connectors.values import DeadLetter
+from batchfleet.connectors.values import DeadLetter, reopenable
 from batchfleet.schemas.envelopes import Result, decode_request, encode_request, encode_result
 from batchfleet.schemas.names import Names
 
@@ -102,17 +103,19 @@ class DeadLetterOps:
     async def replay_plan(self, selection: Selection) -> ReplayReport:
         """What :meth:`replay_selected` would do, changing nothing (``dlq replay --dry-run``):
         one read of the selected requests' statuses per page. Only a ``failed`` (or
-        half-replayed ``pending``) result is replayed; a request is replayed once."""
+        half-replayed ``pending``, or degraded) result is replayed; a request is replayed
+        once."""
         report = ReplayReport()
         async for page in self.queue_pages(selection):
             ids = list(dict.fromkeys(dl.request_id for dl in page
                                      if dl.request_id not in report.skipped))
             ids = [rid for rid in ids if rid not in report.replayed]
-            for rid, record in zip(ids, await self._store.get_records(ids), strict=True):
-                if record is not None and record.status in ("failed", "pending"):
+            records = await self._store.get_records(ids, with_body=True)
+            for rid, record in zip(ids, records, strict=True):
+                if record is not None and reopenable(record.status, record.body):
                     report.replayed.append(rid)
                 else:
-                    report.skipped[rid] = "its result is no longer 'failed'"
+                    report.skipped[rid] = "its result is no longer 'failed' or degraded"
         return report
 
     async def queue_pages(self, selection: Selection) -> AsyncIterator[list[DeadLetter]]:
@@ -157,7 +160,7 @@ class DeadLetterOps:
         for dl, req, gen in zip(chosen.values(), requests, generations, strict=True):
             done.append(dl)
             if gen < 0:
-                report.skipped[dl.request_id] = "its result is no longer 'failed'"
+                report.skipped[dl.request_id] = "its result is no longer 'failed' or degraded"
                 continue
             fresh = replace(req, attempt=1, history=[], generation=gen)
             messages.append(OutboundMessage(req.model, req.lane, req.request_id,

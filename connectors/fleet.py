@@ -93,6 +93,8 @@ class WorkerView:
     stuck_compute: dict[str, float] = field(default_factory=dict)
     #: Model -> its own req/s and counters since start (``HeartbeatRecord.model_stats``).
     model_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Answers its fallback chains gave per second, lately (docs/degradation.md).
+    degraded_rps: float = 0.0
     #: Models held in memory, where it loads them on demand (``--max-loaded-models``);
     #: None: it holds every model it serves.
     loaded: tuple[str, ...] | None = None
@@ -177,6 +179,7 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         stuck_compute={str(k): float(v)
                        for k, v in (record.extra.get("stuck_compute") or {}).items()},
         model_stats={m: dict(v) for m, v in record.model_stats.items()},
+        degraded_rps=float(record.extra.get("degraded_rps") or 0.0),
         loaded=(None if record.extra.get("loaded") is None
                 else tuple(str(m) for m in record.extra["loaded"])))
 

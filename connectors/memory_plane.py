@@ -19,6 +19,7 @@ from batchfleet.connectors.memory_control import (
     MemoryFleet,
     MemoryQuotas,
 )
+from batchfleet.connectors.memory_outputs import MemoryOutputStats
 from batchfleet.connectors.memory_registry import MemoryModelRegistry
 from batchfleet.connectors.memory_results import MemoryAnnouncements, MemoryResults
 from batchfleet.connectors.memory_rollout import MemoryRollouts, MemoryRolloutStats, MemoryRoutes
@@ -55,6 +56,7 @@ class MemoryControlPlane:
     routes: MemoryRoutes
     rollout_stats: MemoryRolloutStats
     rollouts: MemoryRollouts
+    output_stats: MemoryOutputStats
     quotas: MemoryQuotas
     bulk_jobs: MemoryBulkJobs
     fleet_reader: MemoryFleet
@@ -88,7 +90,8 @@ def memory_control_plane(state: MemoryState, ttl_s: int = DEFAULT_TTL_S) -> Memo
         retry_schedule=MemoryRetrySchedule(state), heartbeats=heartbeats, models=models,
         result_cache=MemoryResultCache(state), cancels=MemoryCancels(state, results),
         routes=MemoryRoutes(state), rollout_stats=MemoryRolloutStats(state),
-        rollouts=MemoryRollouts(state, models), quotas=MemoryQuotas(state),
+        rollouts=MemoryRollouts(state, models), output_stats=MemoryOutputStats(state),
+        quotas=MemoryQuotas(state),
         bulk_jobs=MemoryBulkJobs(state),
         fleet_reader=MemoryFleet(heartbeats, models, letters))
 

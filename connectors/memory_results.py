@@ -25,6 +25,7 @@ from batchfleet.connectors.values import (
     StorePressure,
     SubmitState,
     TerminalWrite,
+    reopenable,
 )
 from batchfleet.schemas.envelopes import NOTIFY_RESULTS
 
@@ -136,7 +137,7 @@ class MemoryResults:
         with self._state.lock:
             for rid, body in records:
                 rec = self._state.record(rid)
-                if rec is None or rec.get("status") not in ("failed", "pending"):
+                if rec is None or not reopenable(rec.get("status"), rec.get("body")):
                     out.append(-1)
                     continue
                 gen = int(rec.get("gen", 0)) + 1

@@ -12,6 +12,7 @@ from batchfleet.connectors.bulk_jobs import RedisBulkJobs
 from batchfleet.connectors.dead_letters import DeadLetterQueue, UndecodableSink
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
+from batchfleet.connectors.output_stats import RedisOutputStats
 from batchfleet.connectors.quotas import QuotaGate
 from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.request_control import CancelSet, RequestControl
@@ -41,6 +42,7 @@ class RedisControlPlane:
     routes: RoutePlane
     rollout_stats: RedisRolloutStats
     rollouts: Rollouts
+    output_stats: RedisOutputStats
     quotas: QuotaGate
     bulk_jobs: RedisBulkJobs
     #: The URL it was opened with (``fleet`` compares it with the broker's).
@@ -84,6 +86,7 @@ def redis_control_plane(store: ResultStore, url: str = "") -> RedisControlPlane:
         heartbeats=heartbeats, models=models, result_cache=RedisResultCache(client, names),
         cancels=CancelSet(client, names), routes=RoutePlane(client, names, ROUTE_TTL_S),
         rollout_stats=stats, rollouts=Rollouts(models, stats, heartbeats),
+        output_stats=RedisOutputStats(client, names),
         quotas=QuotaGate(client, names, store.ttl_s),
         bulk_jobs=RedisBulkJobs(client, names, owns_client=False), url=url)
 

@@ -53,6 +53,12 @@ def _tensor(h: Any, name: str | None, array: Array) -> None:
     _field(h, np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
+#: The ``model_version`` a version-free key hashes instead of a real one (those are
+#: ``label/sha256:…``, never this): the fallback ``cache`` step's entries, kept beside the
+#: versioned ones and written only for models whose chain has that step
+#: (docs/degradation.md). The entry itself names the version that computed it.
+ANY_VERSION: Final = "*any-version*"
+
 #: ``scope`` of :func:`cache_key`: one scope per owner (the default), or one for everyone.
 SCOPE_OWNER: Final = "owner"
 SCOPE_SHARED: Final = "shared"

@@ -183,10 +183,14 @@ return out
 """
 
 REOPEN_SCRIPT = """
+local DEGRADED_MARK = '\\168degraded\\195'
 local out = {}
 for i, key in ipairs(KEYS) do
-  local cur = redis.call('HMGET', key, 'status', 'gen')
-  if cur[1] == 'failed' or cur[1] == 'pending' then
+  local cur = redis.call('HMGET', key, 'status', 'gen', 'body')
+  -- a degraded success (a fallback answered) reopens too: its request is in the DLQ for a
+  -- real answer. The marker is the packed pair "degraded": true (docs/degradation.md).
+  if cur[1] == 'failed' or cur[1] == 'pending' or (cur[1] == 'succeeded' and cur[3]
+      and string.find(cur[3], DEGRADED_MARK, 1, true)) then
     local gen = (tonumber(cur[2]) or 0) + 1
     redis.call('HSET', key, 'status', 'pending', 'gen', gen, 'deliveries', 0, 'solo', 0,
       'stalls', 0, 'body', ARGV[i])
@@ -370,8 +374,9 @@ class ResultStore:
         """Turn ``failed`` records back to ``pending`` under a new generation, for DLQ replay.
 
         ``pending`` is reopened too: it means an earlier replay stopped before it
-        published. Returns the new generation per request, or -1 where the record
-        is succeeded, expired or gone: those are not replayed. A late write from the
+        published, and so is a degraded success (a fallback answered; ``reopenable``).
+        Returns the new generation per request, or -1 where the record is succeeded
+        (by the model), expired or gone: those are not replayed. A late write from the
         old generation can then never land (see _WRITE_TERMINAL).
         """
         if not records:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from batchfleet.schemas.tensors import Tensors
 
@@ -178,3 +178,16 @@ class StorePressure:
         """False for ``allkeys-*``: Redis may then evict a stream (the queue itself)."""
         return self.eviction_policy.startswith(SAFE_POLICY_PREFIXES)
 
+
+
+#: A degraded success's body holds this packed pair (``"degraded": true``): a fallback
+#: answered, so DLQ replay may reopen it for a real answer (docs/degradation.md).
+DEGRADED_MARK: Final = b"\xa8degraded\xc3"
+
+
+def reopenable(status: object, body: object) -> bool:
+    """May DLQ replay reopen a record: failed, pending (an earlier replay stopped before it
+    published) or a degraded success. The result store's script applies the same rule."""
+    if status in ("failed", "pending"):
+        return True
+    return status == "succeeded" and isinstance(body, bytes) and DEGRADED_MARK in body

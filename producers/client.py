@@ -43,7 +43,7 @@ from batchfleet.producers.client_settings import CLIENT_DEFAULTS
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
 from batchfleet.producers.waiting import ResultWaiter
-from batchfleet.schemas.envelopes import NOTIFY_RESULTS, Result
+from batchfleet.schemas.envelopes import DEGRADE_ALLOW, NOTIFY_RESULTS, Result
 from batchfleet.schemas.errors import (
     BatchfleetError,
     OverloadedError,
@@ -75,8 +75,9 @@ SUBMIT_LINGER_S = 0.0005
 _MAX_CACHED_MODELS = 1024
 #: Encoding templates kept at once (one per model and set of submit options).
 _MAX_TEMPLATES = 1024
-#: (model, lane, callback_url, owner, version, routing_key, cache): what a template fixes.
-TemplateKey = tuple[str, str, str | None, str | None, str | None, str | None, bool]
+#: (model, lane, callback_url, owner, version, routing_key, cache, degrade): what a
+#: template fixes.
+TemplateKey = tuple[str, str, str | None, str | None, str | None, str | None, bool, str]
 
 
 def new_request_id() -> str:
@@ -202,17 +203,18 @@ class AsyncClient:
 
     def _template(self, model: str, priority: str, deadline_s: float | None,
                   callback_url: str | None, owner: str | None, version: str | None,
-                  routing_key: str | None, cache: bool) -> RequestTemplate:
+                  routing_key: str | None, cache: bool,
+                  degrade: str = DEGRADE_ALLOW) -> RequestTemplate:
         """The encoder for these options: built (and its fields validated) once, then reused."""
         if deadline_s is not None and deadline_s <= 0:
             raise ValidationError(f"deadline_s must be positive, got {deadline_s}")
         key = (model, PRIORITIES.get(priority, priority), callback_url, owner, version,
-               routing_key, cache)
+               routing_key, cache, degrade)
         template = self._templates.get(key)
         if template is None:
             template = RequestTemplate(
                 model, key[1], notify=self.client_id, callback_url=callback_url, owner=owner,
-                version=version, routing_key=routing_key, cache=cache,
+                version=version, routing_key=routing_key, cache=cache, degrade=degrade,
                 notify_format=NOTIFY_RESULTS)  # the waiter reads the bodies it carries
             if len(self._templates) >= _MAX_TEMPLATES:
                 self._templates.clear()
@@ -224,7 +226,7 @@ class AsyncClient:
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
         callback_url: str | None = None, owner: str | None = None,
         fingerprint: str | None = None, version: str | None = None,
-        routing_key: str | None = None, cache: bool = True,
+        routing_key: str | None = None, cache: bool = True, degrade: str = DEGRADE_ALLOW,
     ) -> str:
         """Enqueue one request; returns its request ID. Bad input raises ValidationError now.
 
@@ -235,6 +237,10 @@ class AsyncClient:
         ``cache=False`` opts out of the result cache: never answered from a stored output,
         and its own output is not stored (docs/cache.md). A result answered from the cache
         says ``result.cached``.
+
+        ``degrade="never"`` fails the request closed (``unavailable``, retryable) where the
+        model's fallback chain would have answered it; the default ``"allow"`` takes that
+        answer, marked ``result.degraded`` (docs/degradation.md).
 
         ``owner`` names the API key ID whose callers may read the result through the
         gateway (without one, only admin-scoped keys can). ``fingerprint`` is the
@@ -251,7 +257,7 @@ class AsyncClient:
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
-                                  routing_key, cache)
+                                  routing_key, cache, degrade)
         rid = check_request_id(request_id) if request_id else new_request_id()
         _check_declared(spec, inputs)
         await self._admission.check(model, template.lane)
@@ -282,10 +288,10 @@ class AsyncClient:
         priority: str = LANE_INTERACTIVE, deadline_s: float | None = None,
         callback_url: str | None = None, owner: str | None = None,
         fingerprint: str | None = None, version: str | None = None,
-        routing_key: str | None = None, cache: bool = True,
+        routing_key: str | None = None, cache: bool = True, degrade: str = DEGRADE_ALLOW,
     ) -> list[str]:
         """Enqueue many requests to one model, pipelined in chunks of ``SUBMIT_CHUNK``
-        (``owner``, ``fingerprint``, ``version``, ``routing_key`` and ``cache`` as for
+        (``owner``, ``fingerprint``, ``version``, ``routing_key``, ``cache`` and ``degrade`` as for
         :meth:`submit`; ``fingerprint=""`` for ``request_ids`` the caller made itself).
 
         Raises UnknownModelError for a model no worker has ever served and nobody
@@ -300,7 +306,7 @@ class AsyncClient:
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
-                                  routing_key, cache)
+                                  routing_key, cache, degrade)
         ownership = Ownership(owner, fingerprint or None, self.client_id)
         tracer = self._tracer
         ids: list[str] = []

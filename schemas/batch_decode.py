@@ -22,6 +22,7 @@ import numpy as np
 
 from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,
+    DEGRADE_ALLOW,
     MAX_EXACT_INT,
     SCHEMA_VERSION,
     Limits,
@@ -31,6 +32,7 @@ from batchfleet.schemas.envelopes import (
     _traceparent,
     check_version_label,
     decode_request,
+    degrade_of,
     notify_format_of,
 )
 from batchfleet.schemas.errors import SchemaError
@@ -136,11 +138,13 @@ def _common(obj: Any, memo: dict[tuple[str, Any], Any],
     if routing is not None:
         routing = _routing_key(routing)
     traceparent, notify_format = get("traceparent"), get("notify_format")
+    degrade = get("degrade")
     request = Request(
         rid, model, _MISSING, lane, enqueued or 0.0, deadline, callback,  # type: ignore[arg-type]
         notify, max(1, attempt), generation, [] if history is None else history, owner,
         version, routing, None if traceparent is None else _traceparent(traceparent),
         cache is not False, None if notify_format is None else notify_format_of(notify_format),
+        DEGRADE_ALLOW if degrade is None else degrade_of(degrade),
     )
     inputs = get("inputs")
     spec = cached_spec(inputs)

@@ -31,6 +31,13 @@ _LABEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 Status = Literal["pending", "succeeded", "failed", "expired", "cancelled"]
 STATUSES: Final = ("pending", "succeeded", "failed", "expired", "cancelled")
+#: A request's ``degrade``: ``allow`` (default) takes a model's fallback answer, ``never``
+#: fails closed with ``unavailable`` instead (docs/degradation.md).
+DEGRADE_ALLOW: Final = "allow"
+DEGRADE_NEVER: Final = "never"
+DEGRADE_CHOICES: Final = (DEGRADE_ALLOW, DEGRADE_NEVER)
+#: Why a result was degraded (``Result.degraded_reason``): the four triggers.
+DEGRADE_REASONS: Final = ("error", "breaker", "deadline", "overload")
 #: ``cancelled``: a cancel or a lane purge answered it before any worker computed it.
 TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "expired", "cancelled"})
 
@@ -118,6 +125,8 @@ class Request:
     cache: bool = True
     #: How its announcement is framed: ``NOTIFY_RESULTS``, or None for ``NOTIFY_IDS``.
     notify_format: str | None = None
+    #: ``DEGRADE_NEVER``: fail closed (``unavailable``) rather than take a fallback answer.
+    degrade: str = "allow"
 
 
 @dataclass(slots=True)
@@ -143,6 +152,12 @@ class Result:
     owner: str | None = None
     #: Answered from the result cache (computed earlier by ``model_version``; docs/cache.md).
     cached: bool = False
+    #: Answered by a fallback step, not by the model (docs/degradation.md): why, and which.
+    degraded: bool = False
+    degraded_reason: str | None = None
+    fallback: str | None = None
+    #: The failure that caused the degradation (``error`` stays None on a success).
+    degraded_error: ErrorInfo | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -188,6 +203,7 @@ def encode_request(req: Request) -> bytes:
         **({} if req.routing_key is None else {"routing_key": req.routing_key}),
         **({} if req.traceparent is None else {"traceparent": req.traceparent}),
         **({} if req.cache else {"cache": False}),
+        **({} if req.degrade == DEGRADE_ALLOW else {"degrade": degrade_of(req.degrade)}),
         # Last, so a damaged or oversized message still has a readable header.
         "inputs": encode_tensors(req.inputs),
     }
@@ -216,6 +232,12 @@ def encode_result(res: Result) -> bytes:
         body["owner"] = res.owner
     if res.cached:
         body["cached"] = True
+    if res.degraded:
+        body["degraded"] = True
+        body["degraded_reason"] = res.degraded_reason
+        body["fallback"] = res.fallback
+        body["degraded_error"] = (None if res.degraded_error is None
+                                  else res.degraded_error.to_wire())
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -352,7 +374,17 @@ def request_from_header(header: RequestHeader) -> Request:
         traceparent=_traceparent(obj.get("traceparent")),
         cache=_cache_flag(obj.get("cache", True)),
         notify_format=notify_format_of(obj.get("notify_format")),
+        degrade=degrade_of(obj.get("degrade")),
     )
+
+
+def degrade_of(value: Any) -> str:
+    """``degrade``: absent or nil reads ``allow``; ``never`` fails closed."""
+    if value is None:
+        return DEGRADE_ALLOW
+    if value not in DEGRADE_CHOICES:
+        raise ValidationError(f"degrade must be 'allow' or 'never', got {value!r}")
+    return str(value)
 
 
 def _cache_flag(value: Any) -> bool:
@@ -444,14 +476,7 @@ def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
     status = obj.get("status")
     if rid is None or status not in STATUSES:
         raise DecodeError(f"result needs a valid 'id' and 'status', got {status!r}", raw=raw)
-    err = obj.get("error")
-    error = None
-    if isinstance(err, Mapping):
-        error = ErrorInfo(
-            type=str(err.get("type", "internal_error")),
-            message=str(err.get("message", "")),
-            retryable=bool(err.get("retryable", False)),
-        )
+    error = _error_info(obj.get("error"))
     outputs = obj.get("outputs")
     try:
         decoded = None if outputs is None else decode_tensors(outputs, "outputs")
@@ -474,4 +499,20 @@ def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
         generation=int(obj.get("generation") or 0),
         owner=_owner(obj.get("owner")),
         cached=obj.get("cached") is True,
+        degraded=obj.get("degraded") is True,
+        degraded_reason=_str_or_none(obj.get("degraded_reason")),
+        fallback=_str_or_none(obj.get("fallback")),
+        degraded_error=_error_info(obj.get("degraded_error")),
     )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _error_info(err: Any) -> ErrorInfo | None:
+    if not isinstance(err, Mapping):
+        return None
+    return ErrorInfo(type=str(err.get("type", "internal_error")),
+                     message=str(err.get("message", "")),
+                     retryable=bool(err.get("retryable", False)))

@@ -270,3 +270,11 @@ class OverloadedError(BatchfleetError):
         self.retry_after_s = retry_after_s
         #: IDs a ``submit_many`` had already enqueued before the refusal (they will run).
         self.accepted: list[str] = []
+
+
+class UnavailableError(BatchfleetError):
+    """The model could not answer and the caller refused a fallback (``degrade="never"``):
+    failed closed at once instead of degraded. Retryable: the model may be back later."""
+
+    wire_type = "unavailable"
+    retryable = True

@@ -60,6 +60,11 @@ def result_to_json(result: Result) -> dict[str, Any]:
         "batch_size": result.batch_size,
         "generation": result.generation,
         "cached": result.cached,
+        "degraded": result.degraded,
+        "degraded_reason": result.degraded_reason,
+        "fallback": result.fallback,
+        "degraded_error": (None if result.degraded_error is None
+                           else result.degraded_error.to_wire()),
     }
 
 

@@ -25,9 +25,11 @@ import msgpack
 import numpy as np
 
 from batchfleet.schemas.envelopes import (
+    DEGRADE_ALLOW,
     SCHEMA_VERSION,
     Request,
     Result,
+    degrade_of,
     encode_request,
     encode_result,
     notify_format_of,
@@ -98,14 +100,17 @@ class RequestTemplate:
 
     __slots__ = ("_head", "_head_traced", "_mid", "_pending_head", "_pending_mid",
                  "_pending_tail", "_pk", "_reference", "_tail", "_tail_traced", "cache",
-                 "callback_url", "lane", "model", "notify", "notify_format", "owner",
+                 "callback_url", "degrade", "lane", "model", "notify", "notify_format", "owner",
                  "routing_key", "version")
 
     def __init__(self, model: str, lane: str, *, notify: str | None = None,
                  callback_url: str | None = None, owner: str | None = None,
                  version: str | None = None, routing_key: str | None = None,
-                 cache: bool = True, notify_format: str | None = None) -> None:
+                 cache: bool = True, notify_format: str | None = None,
+                 degrade: str = DEGRADE_ALLOW) -> None:
         self.model, self.lane, self.notify, self.callback_url = model, lane, notify, callback_url
+        self.degrade = degrade_of(degrade)
+        never = self.degrade != DEGRADE_ALLOW
         self.notify_format = notify_format_of(notify_format)
         self.owner, self.version, self.routing_key, self.cache = owner, version, routing_key, cache
         #: Its own packer: a template serves one client, so one thread.
@@ -114,14 +119,15 @@ class RequestTemplate:
                                         ("owner", owner), ("version", version),
                                         ("routing_key", routing_key)) if v is not None]
         # Fields in encode_request's order: id, times, constants, traceparent, cache, inputs.
-        entries = 12 + len(optional) + (0 if cache else 1)
+        entries = 12 + len(optional) + (0 if cache else 1) + never
         self._head = _map_header(entries) + _pairs(("v", SCHEMA_VERSION)) + _pack("id")
         self._head_traced = (_map_header(entries + 1) + _pairs(("v", SCHEMA_VERSION))
                              + _pack("id"))
         self._mid = _pairs(("model", model), ("lane", lane)) + _pack("enqueued_at")
         constants = _pairs(("callback_url", callback_url), ("notify", notify),
                            ("attempt", 1), ("generation", 0), ("errors", []), *optional)
-        last = (b"" if cache else _pairs(("cache", False))) + _pack("inputs")
+        last = ((b"" if cache else _pairs(("cache", False)))
+                + (_pairs(("degrade", self.degrade)) if never else b"") + _pack("inputs"))
         self._tail = constants + last
         self._tail_traced = (constants, last)
         pending = 15 + (owner is not None)
@@ -144,7 +150,7 @@ class RequestTemplate:
                        callback_url=self.callback_url, notify=self.notify, owner=self.owner,
                        version=self.version, routing_key=self.routing_key,
                        traceparent=traceparent, cache=self.cache,
-                       notify_format=self.notify_format)
+                       notify_format=self.notify_format, degrade=self.degrade)
 
     def encode(self, request_id: str, enqueued_at: float, inputs: Any,
                deadline_at: float | None = None, traceparent: str | None = None) -> bytes:

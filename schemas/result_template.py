@@ -36,7 +36,8 @@ def encode_results(results: Sequence[Result]) -> list[bytes]:
     template: _Template | None = None
     for res in results:
         outputs = res.outputs
-        if res.status != "succeeded" or res.error is not None or type(outputs) is not np.ndarray:
+        if (res.status != "succeeded" or res.error is not None or res.degraded
+                or type(outputs) is not np.ndarray):
             out.append(encode_result(res))
             continue
         # The results of one batch share these objects: identity is the cheap, exact test.

@@ -73,6 +73,11 @@ class CircuitBreaker:
             return True
         return False
 
+    def probe_available(self) -> bool:
+        """Half-open with its one probe not yet taken: ``allow()`` would say yes (a peek
+        that takes nothing, for who answers around an open breaker)."""
+        return self.state is BreakerState.HALF_OPEN and not self._probe_out
+
     def seconds_until_probe(self) -> float:
         if self._state is not BreakerState.OPEN:
             return 0.0

@@ -104,16 +104,23 @@ def answers_from_run(
 
 def split_expired(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Answer]]:
     """Drop jobs whose deadline passed while they waited in the batcher: they are never run."""
+    live, late = split_late(jobs, now)
+    return live, expired_answers(late, now)
+
+
+def split_late(jobs: Sequence[Job], now: float) -> tuple[list[Job], list[Job]]:
+    """Jobs whose deadline has not passed, and those whose deadline has (never run)."""
     live: list[Job] = []
-    expired: list[Answer] = []
+    late: list[Job] = []
     for job in jobs:
         deadline = job.request.deadline_at
-        if deadline is not None and deadline <= now:
-            expired.append(answer_without_compute(job.delivery, job.request, "expired",
-                                                  EXPIRED, now))
-        else:
-            live.append(job)
-    return live, expired
+        (late if deadline is not None and deadline <= now else live).append(job)
+    return live, late
+
+
+def expired_answers(jobs: Sequence[Job], now: float) -> list[Answer]:
+    return [answer_without_compute(job.delivery, job.request, "expired", EXPIRED, now)
+            for job in jobs]
 
 
 @dataclass(slots=True)

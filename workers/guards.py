@@ -109,12 +109,24 @@ class Guards:
         self._pinned: OrderedDict[str, None] = OrderedDict()
         #: Batches a model's open breaker refused, per model, until it lets a probe through.
         self._held: dict[str, deque[Batch]] = {}
+        #: Models whose lanes keep being pulled while their breaker is open: a fallback
+        #: chain answers them meanwhile (docs/degradation.md, the ``breaker`` trigger).
+        self.draining: frozenset[str] = frozenset()
 
     def paused_models(self) -> frozenset[str]:
         """Models whose lanes must not be pulled now: all of them while the store is down."""
         if self.store.state is BreakerState.OPEN:
             return frozenset(self.model)
-        return frozenset(m for m, b in self.model.items() if b.state is BreakerState.OPEN)
+        # a draining model whose chain could not answer a batch (now held) pauses as
+        # before: held batches are outside the batcher's bound on what is fetched
+        return frozenset(m for m, b in self.model.items() if b.state is BreakerState.OPEN
+                         and (m not in self.draining or m in self._held))
+
+    def answering_around(self, model: str) -> bool:
+        """Is ``model``'s breaker refusing its batches now (open, or half-open with its probe
+        out)? A peek: it takes no probe."""
+        breaker = self.model[model]
+        return breaker.state is not BreakerState.CLOSED and not breaker.probe_available()
 
     def fetch_paused(self) -> bool:
         """Is any breaker open (some lanes are not being pulled)?"""

@@ -103,6 +103,9 @@ class WorkerMetrics:
                                ["model", "lane"], registry=r)
         self.dead_lettered = Counter("batchfleet_dead_lettered", "Requests sent to the DLQ",
                                      ["model", "lane"], registry=r)
+        self.degraded = Counter("batchfleet_degraded", "Requests answered by a fallback step "
+                                "(first write only; docs/degradation.md)",
+                                ["model", "reason", "fallback"], registry=r)
         self.backlog = Gauge("batchfleet_backlog", "Requests queued on a lane, not yet acked "
                              "(Kafka: this worker's partitions' lag)", ["model", "lane"],
                              registry=r)
@@ -131,6 +134,14 @@ class WorkerMetrics:
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
         self.residency = ResidencyMetrics(r, self.model_load)
+        # what each version answers (docs/monitoring.md)
+        self.output_drift, self.output_nan_ratio = (
+            Gauge("batchfleet_output_drift", "A version's fleet-merged output drift against "
+                  "its reference (stat: psi, ks, nan_rate_change, class_share_change, and "
+                  "input_ for its inputs; docs/monitoring.md)", ["model", "version", "stat"],
+                  registry=r),
+            Gauge("batchfleet_output_nan_ratio", "Share of a version's output values that "
+                  "are NaN (fleet-merged)", ["model", "version"], registry=r))
         self.model_accuracy = Gauge("batchfleet_model_accuracy_diff", "A non-eager runtime's "
                                     "difference from eager fp32 on the calibration rows "
                                     "(stat: max_abs, mean_abs, relative)", ["model", "stat"],
@@ -143,6 +154,28 @@ class WorkerMetrics:
                                       registry=r)
         self.up = Gauge("batchfleet_worker_up", "1 while the worker is consuming", ["model"],
                         registry=r)
+        self._rollout_and_cache(r)
+        self._done_since = 0
+        self._last_sample = time.monotonic()
+        self._rate = 0.0
+        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat; and
+        #: recent queue waits (per request) and compute times (per batch), for the console.
+        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self._recent_queue: dict[tuple[str, str], deque[float]] = {}
+        self._recent_compute: dict[tuple[str, str], deque[float]] = {}
+        #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
+        self.lanes: dict[str, dict[str, float | None]] = {}
+        self.throughput_rps = 0.0
+        self._pauses: dict[str, int] = {}
+        #: Per model: terminal writes since the last sample, the rate's moving average,
+        #: and counters since start (the heartbeat's ``model_stats``; status reads them).
+        self._model_done: dict[str, int] = {}
+        self._model_rate: dict[str, float] = {}
+        self._model_counts: dict[str, dict[str, int]] = {}
+
+
+    def _rollout_and_cache(self, r: CollectorRegistry) -> None:
+        """The rollout and result-cache families (apart: one constructor would be too long)."""
         # Rollout (docs/rollout.md): per version label and role (stable, canary, shadow,
         # pinned), shadow comparisons, and the guard's automatic rollbacks.
         self.version_requests = Counter("batchfleet_version_requests", "Requests computed "
@@ -185,23 +218,6 @@ class WorkerMetrics:
                                    "of the batch that computed them)", ["model"], registry=r)
         self.cache_errors = Counter("batchfleet_cache_errors", "Result-cache reads or writes "
                                     "that failed (read as misses)", ["model"], registry=r)
-        self._done_since = 0
-        self._last_sample = time.monotonic()
-        self._rate = 0.0
-        #: Recent end-to-end latencies per (model, lane), for the p99 in the heartbeat; and
-        #: recent queue waits (per request) and compute times (per batch), for the console.
-        self._recent: dict[tuple[str, str], deque[float]] = {}
-        self._recent_queue: dict[tuple[str, str], deque[float]] = {}
-        self._recent_compute: dict[tuple[str, str], deque[float]] = {}
-        #: The last sample, per "model/lane", as ``batchfleet status`` shows it.
-        self.lanes: dict[str, dict[str, float | None]] = {}
-        self.throughput_rps = 0.0
-        self._pauses: dict[str, int] = {}
-        #: Per model: terminal writes since the last sample, the rate's moving average,
-        #: and counters since start (the heartbeat's ``model_stats``; status reads them).
-        self._model_done: dict[str, int] = {}
-        self._model_rate: dict[str, float] = {}
-        self._model_counts: dict[str, dict[str, int]] = {}
 
     def on_batch(self, model: str, lane: str, size: int, compute_s: float) -> None:
         self.batch_size.labels(model, lane).observe(size)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,6 +84,18 @@ def _check_retry(spec: str) -> str:
     return spec
 
 
+def _check_chain(text: str) -> str:
+    from batchfleet.workers.fallback.chain import check_chain_text
+
+    return check_chain_text(text)
+
+
+def _check_triggers(text: str) -> str:
+    from batchfleet.workers.fallback.chain import check_triggers_text
+
+    return check_triggers_text(text)
+
+
 def _tolerance(value: str) -> float | None:
     if value.lower() in ("", "none", "default"):
         return None
@@ -97,6 +110,23 @@ def _cache_ttl(value: str) -> int:
     if ttl < 0:
         raise ValueError("expected whole seconds, 0 or more (0: no cache)")
     return ttl
+
+
+def _output_kind(value: str) -> str | None:
+    from batchfleet.connectors.output_summary import KINDS
+
+    if value.lower() in ("", "none", "guess", "guessed"):
+        return None
+    if value not in KINDS:
+        raise ValueError(f"expected one of {', '.join(KINDS)}")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    n = int(value) if value.strip().isdigit() else 0
+    if n < 1:
+        raise ValueError("expected a whole number of seconds, 1 or more")
+    return n
 
 
 def _shard_count(value: str) -> int:
@@ -208,6 +238,12 @@ class WorkerSettings:
         "Answer repeated inputs from a result cache kept this long (0: off); the key holds "
         "the model version (docs/cache.md).", per_model=True, metavar="[MODEL=]SECONDS",
         parse=_cache_ttl))
+    #: Graceful degradation (docs/degradation.md): the fallback ``cache`` step's version-free
+    #: entries live this much longer than --cache-ttl-s, read only as fallbacks.
+    cache_stale_s: PerModel[int] = field(default=PerModel(0), metadata=opt(
+        "Keep the fallback cache step's entries this much longer than --cache-ttl-s, for "
+        "fallback answers only (stale-if-error; docs/degradation.md).", per_model=True,
+        metavar="[MODEL=]SECONDS", parse=_cache_ttl))
     #: Whose requests share cache entries: each owner its own (API key ID, SDK ``owner=``),
     #: or everyone (a hit then tells a caller someone else sent those inputs; docs/cache.md).
     cache_scope: PerModel[str] = field(default=PerModel("owner"), metadata=opt(
@@ -262,6 +298,24 @@ class WorkerSettings:
     stuck_exit_s: float = field(default=120.0, metadata=opt(
         "A compute thread stuck this long past its limit makes the worker drain and exit "
         "75, for its supervisor to restart it.", panel="Failures"))
+    #: Graceful degradation (docs/degradation.md): steps tried in turn when the model cannot
+    #: answer; "" (fail) changes nothing.
+    fallback: PerModel[str] = field(default=PerModel(""), metadata=opt(
+        "Fallback chain, steps joined with '|' (quote it): cache, model:NAME[@VERSION], "
+        "rules:module:function, value:JSON, fail. Answers are marked degraded "
+        "(docs/degradation.md).", per_model=True, metavar="[MODEL=]CHAIN",
+        parse=_check_chain, show="fail", panel="Failures"))
+    #: The ``overload`` trigger: requests older than this are answered from the chain's cheap
+    #: steps (cache, rules, value) instead of waiting; None: off.
+    shed_after_ms: PerModel[float | None] = field(default=PerModel(None), metadata=opt(
+        "Overload: requests that waited longer than this are answered from the fallback "
+        "chain's cheap steps (cache, rules, value) until the backlog is back under it "
+        "(docs/degradation.md).", per_model=True, metavar="[MODEL=]MS", parse=_slo_ms,
+        show="off", panel="Failures"))
+    degrade_on: PerModel[str] = field(default=PerModel("all"), metadata=opt(
+        "When a fallback chain answers: error, breaker, deadline, overload joined with '+' "
+        "(or all, none).", per_model=True, metavar="[MODEL=]TRIGGERS",
+        parse=_check_triggers, panel="Failures"))
     #: Circuit breakers: trip after this many failures in a row, probe after the cooldown.
     breaker_failures: int = field(default=5, metadata=opt(
         "Circuit breakers open after this many failures in a row.", panel="Failures"))
@@ -276,6 +330,24 @@ class WorkerSettings:
     #: How often backlog, DLQ size and breaker gauges are refreshed.
     sample_every_s: float = field(default=5.0, metadata=opt(
         "How often backlog, DLQ size and breaker gauges are refreshed.", panel="Observability"))
+    #: Output and input statistics per model version (docs/monitoring.md): on by default.
+    output_stats: bool = field(default=True, metadata=opt(
+        "Keep output and input statistics per model version (docs/monitoring.md).",
+        panel="Observability"))
+    #: What a model's outputs are, for their statistics; none: guessed from the first output
+    #: (integers: classes; one float: regression; up to 32 floats: scores; more: embedding).
+    output_kind: PerModel[str | None] = field(default=PerModel(None), metadata=opt(
+        "What the outputs are: scores (arg-max class shares counted), classes, regression "
+        "or embedding (norm and first 8 elements); default guessed from the output "
+        "(docs/monitoring.md).", per_model=True,
+        metavar="[MODEL=]scores|classes|regression|embedding", parse=_output_kind,
+        show="guessed", panel="Observability"))
+    stats_window_s: int = field(default=60, metadata=opt(
+        "Length of the time windows output statistics are merged into.",
+        parse=_positive_int, panel="Observability"))
+    stats_keep_s: int = field(default=24 * 3600, metadata=opt(
+        "How long output-statistics windows are kept.", parse=_positive_int,
+        panel="Observability"))
     worker_id: str = field(default_factory=default_worker_id, metadata=opt(
         "Consumer name. Keep it stable across restarts to resume a Redis consumer's pending "
         "entries at once.", show="host-pid-random", panel="Connection"))
@@ -391,6 +463,18 @@ class WorkerSettings:
         text = self.input_spec.for_model(model, version)
         return TensorSpec.parse(text) if text else None
 
+    def fallback_chains(self, models: Iterable[str]) -> dict[str, Any]:
+        """Each served model's ``FallbackChain`` (``workers/fallback/chain.py``)."""
+        from batchfleet.workers.fallback.chain import parse_chain
+
+        return {m: parse_chain(self.fallback.for_model(m)) for m in models}
+
+    def degrade_triggers(self, models: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Each served model's triggers its chain answers (``--degrade-on``)."""
+        from batchfleet.workers.fallback.chain import parse_triggers
+
+        return {m: parse_triggers(self.degrade_on.for_model(m)) for m in models}
+
     def runtime_for(self, model: str, version: str | None = None) -> Any:
         """The model's ``RuntimeChoice``: runtime, precision and its accuracy gate."""
         from pathlib import Path
@@ -436,6 +520,11 @@ class WorkerSettings:
         for option in setting_options(WorkerSettings):
             if option.opt.per_model:
                 option.get(self).check_models(self.model_names, option.flag)
+        for name in ("fallback", "degrade_on", "shed_after_ms"):  # per model, not per version
+            versioned = [f"{m}@{v}" for (m, v), _ in getattr(self, name).overrides if v]
+            if versioned:
+                raise ConfigError(f"--{name.replace('_', '-')} {versioned[0]}=...: a chain is "
+                                  "per model, not per version (docs/degradation.md)")
         sharded = [m for m in self.model_names if self.lane_shards.for_model(m) > 1]
         if self.broker.kind == "kafka" and sharded:
             raise ConfigError(f"--lane-shards is for Redis Streams only ({', '.join(sharded)}): "

@@ -29,7 +29,7 @@ from batchfleet.workers import aio, intake
 from batchfleet.workers import readiness as view
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.batching import FixedWait, MicroBatcher, gather_pause_s
-from batchfleet.workers.completion import ResultWriter, answers_from_run, split_expired
+from batchfleet.workers.completion import ResultWriter, answers_from_run, split_late
 from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.containment import Containment
@@ -127,7 +127,7 @@ class Worker(DefaultViews):
             partitions=s.kafka_partitions, session_timeout_ms=s.kafka_session_timeout_ms)
         self.consumer = broker.consumer(s.worker_id)
         self.publisher = broker.publisher()
-        policy = self._failure_policy or default_policy(s, plane)
+        policy = self.hooks.failure_policy(self._failure_policy or default_policy(s, plane))
         # the chain is the writer's write hooks: it fans out to every middleware
         self.writer = ResultWriter(store, self.consumer, plane.undecodable, policy,
                                    hooks=self.hooks)
@@ -311,9 +311,9 @@ class Worker(DefaultViews):
                 return  # held batches left now stay unacked: they are redelivered
             if batch is _IDLE:
                 continue
-            live, expired = split_expired(batch.jobs, time.time())
-            if expired:
-                await self._spawn_completion(expired)
+            live, late = split_late(batch.jobs, time.time())
+            if late:  # expired, unless a middleware answers them (a fallback chain)
+                await self._spawn_completion(await self.hooks.late(late))
             if not live:  # a held batch that expired meanwhile gives back what it took
                 await self.hooks.dropped(batch, resume)
                 continue

@@ -85,6 +85,17 @@ class CachePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class StatsCostPlan:
+    """The output statistics' cost row: demo-mlp's closed-loop throughput with
+    ``--no-output-stats`` and with the statistics on (the default), ``rounds`` times each,
+    alternating; ``limit`` is the largest cost allowed (docs/monitoring.md)."""
+
+    rounds: int = 2
+    transport: str = "redis"
+    limit: float = 0.02
+
+
+@dataclass(frozen=True, slots=True)
 class FloodPlan:
     """The isolation scenario: demo-mlp at ``mlp_rps`` alone, then while ``flood_rps`` bad
     demo-encoder requests a second hit the same worker; each phase ``seconds`` long."""
@@ -145,6 +156,8 @@ class BenchPlan:
     broker_loop: bool = True
     #: The cache bulk row (``--cache-ttl-s`` on vs off); opt-in.
     cache: CachePlan | None = None
+    #: The output statistics' cost row (on vs off); opt-in.
+    stats_cost: StatsCostPlan | None = None
 
     def validated(self) -> BenchPlan:
         for t in self.transports:

@@ -161,6 +161,23 @@ def cache_table(report: dict[str, Any]) -> str:
             + table(("bulk job", "wall s", "rows/s"), rows))
 
 
+def stats_cost_table(report: dict[str, Any]) -> str:
+    c = report.get("stats_cost") or {}
+    if c.get("skipped"):
+        return f"Output statistics cost row skipped: {c['skipped']}"
+    rows = [(side, ", ".join(_fmt(x) for x in c[f"{side}_rps"]), _fmt(c[f"{side}_median_rps"]),
+             ", ".join(_fmt(x) for x in c.get(f"{side}_worker_cpu_us", [])))
+            for side in ("off", "on")]
+    share = c.get("summary_share_of_worker_cpu")
+    return (f"demo-mlp over {c['transport']}, closed loop, alternating off/on, "
+            f"{c['rounds']} rounds; cost {c['cost']:.2%} of throughput (limit "
+            f"{c['limit']:.0%}). The statistics' own CPU: "
+            f"{_fmt(c.get('summary_us_per_request'), 3)} us per request"
+            + (f", {share:.2%} of the worker's CPU per request" if share is not None else "")
+            + ".\n\n" + table(("output statistics", "req/s per run", "median",
+                                "worker CPU us/req per run"), rows))
+
+
 def sweep_table(report: dict[str, Any]) -> str:
     rows = [(p["max_batch_size"], _fmt(p["max_wait_ms"], 0), _fmt(p["throughput_rps"]),
              f"{p['load']:.0%} {p.get('submit_mode', 'per-request')}",
@@ -217,6 +234,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         sections += ["\n## Sweep: SLO row (fleet-side latency)\n", slo_table(report)]
     if report.get("cache_bulk"):
         sections += ["\n## Cache bulk row\n", cache_table(report)]
+    if report.get("stats_cost"):
+        sections += ["\n## Output statistics: cost\n", stats_cost_table(report)]
     if report.get("profiles"):
         sections += ["\n## Profile (py-spy, separate passes)\n", profile_table(report)]
     return "\n".join(sections) + "\n"

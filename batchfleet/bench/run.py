@@ -33,6 +33,7 @@ from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, BenchPlan
 from batchfleet.bench.profiling import py_spy, summarize
 from batchfleet.bench.report import render_markdown
 from batchfleet.bench.scenario import Phases, ProfilerFactory, run_scenario
+from batchfleet.bench.stats_cost import run_stats_cost
 from batchfleet.bench.sweep import run_slo_row, run_sweep
 from batchfleet.bench.targets import evaluate
 from batchfleet.bench.tracing_cost import tracing_unset_cost
@@ -231,6 +232,20 @@ def _cache_stage(plan: BenchPlan, svc: Services, report: dict[str, Any],
         say(f"cache bulk row skipped: {report['cache_bulk']['skipped']}")
 
 
+def _stats_cost_stage(plan: BenchPlan, svc: Services, report: dict[str, Any],
+                      phases: Phases, threads: int, say: Progress) -> None:
+    cost = plan.stats_cost
+    assert cost is not None
+    say(f"output statistics cost: demo-mlp over {cost.transport}, --no-output-stats vs "
+        f"on, {cost.rounds} rounds")
+    ceiling = report["ceilings"].get("demo-mlp") or model_ceiling(
+        "demo-mlp", DEFAULT_MODEL_PLANS["demo-mlp"].max_batch_size, plan.ceiling_s, threads)
+    report["stats_cost"] = run_stats_cost(svc, cost, phases, seed=plan.seed,
+                                          model_cpu_per_wall=ceiling["handler"]["cpu_per_wall"])
+    if "cost" in report["stats_cost"]:
+        say(f"output statistics cost: {report['stats_cost']['cost']:.2%}")
+
+
 def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str, Any]:
     """Run ``plan``; returns the report and writes ``bench.json`` and ``bench.md``."""
     plan = plan.validated()
@@ -279,6 +294,9 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
             _save(plan, {**report, "profiles": profiles}, complete=False)
         if plan.cache is not None:
             _cache_stage(plan, svc, report, say)
+        if plan.stats_cost is not None:
+            _stats_cost_stage(plan, svc, report, phases, threads, say)
+            _save(plan, {**report, "profiles": profiles}, complete=False)
     for m in plan.models:
         # Measured again now that every server and worker is gone, and the faster of the
         # two kept per loop: a ceiling is an upper bound, and outside load during one of

@@ -203,7 +203,7 @@ def report_for(ctx: Context, pos: Position, status: str, start: Position, elapse
     s = ctx.spec
     return JobReport(s.job_id, s.model, status, str(s.input), str(s.output), str(s.errors),
                      pos.rows, pos.succeeded, pos.failed, pos.rows - start.rows, start.rows,
-                     elapsed_s, retry_round)
+                     elapsed_s, retry_round, pos.degraded)
 
 
 class Checkpointer:

@@ -69,7 +69,7 @@ class JsonlMerger(_Replacing):
             if self._copied < row.index:
                 self._new.write(line)
             self._copied += 1
-        self._new.write(dumps(output_record(row, result.status, result.outputs)))
+        self._new.write(dumps(output_record(row, result)))
         return error
 
     def finish(self) -> Position:

@@ -31,6 +31,8 @@ class JobReport:
     resumed_from: int
     elapsed_s: float
     retry_round: int = 0
+    #: Of ``succeeded``, the rows a fallback answered (marked ``degraded`` in the output).
+    degraded: int = 0
 
     @property
     def failure_rate(self) -> float:
@@ -64,6 +66,8 @@ def summary_table(report: JobReport, max_failure_rate: float) -> Table:
         ("rows", f"{report.rows:,}"),
         ("succeeded", f"{report.succeeded:,}"),
         ("failed", f"{report.failed:,}"),
+        *([("degraded", f"{report.degraded:,} (of succeeded; a fallback answered)")]
+          if report.degraded else []),
         ("failure rate", f"{'[red]' if over else ''}{report.failure_rate:.4%} "
                          f"(max {max_failure_rate:.4%})"),
         ("rows this run", f"{report.rows_this_run:,}"),

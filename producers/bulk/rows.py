@@ -138,6 +138,8 @@ class Position:
     parts: int = 0
     succeeded: int = 0
     failed: int = 0
+    #: Of ``succeeded``, the rows a fallback answered (docs/degradation.md).
+    degraded: int = 0
 
     def to_fields(self) -> dict[str, int]:
         return {f"pos_{k}": v for k, v in asdict(self).items()}

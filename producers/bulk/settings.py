@@ -58,6 +58,10 @@ class BulkRunSettings:
     version: str | None = field(default=None, metadata=opt(
         "Pin every row to this version label (evaluations); default: the rollout policy.",
         no_env=True))
+    degrade: str = field(default="allow", metadata=opt(
+        "never: rows fail closed (unavailable) where the model's fallback chain would answer "
+        "them; allow: take its answers, marked degraded (docs/degradation.md).",
+        no_env=True, metavar="allow|never"))
     early_stop_rows: int = field(default=100, metadata=opt(
         "Stop when this many first rows all fail the same way, or more than "
         "--early-stop-rate of them fail (0: never).", no_env=True))

@@ -75,9 +75,17 @@ def dumps(obj: dict[str, Any]) -> bytes:
 
 
 
-def output_record(row: Row, status: str, outputs: Tensors | None) -> dict[str, Any]:
-    return {"custom_id": row.custom_id, "row": row.index, "status": status,
-            "outputs": outputs_to_json(outputs)}
+def output_record(row: Row, result: Result) -> dict[str, Any]:
+    """One output line; a fallback answer carries its marks, so it is never mistaken for
+    the model's (docs/degradation.md)."""
+    record = {"custom_id": row.custom_id, "row": row.index, "status": result.status,
+              "outputs": outputs_to_json(result.outputs)}
+    if result.degraded:
+        record.update(degraded=True, degraded_reason=result.degraded_reason,
+                      fallback=result.fallback, degraded_error=(
+                          None if result.degraded_error is None
+                          else result.degraded_error.to_wire()))
+    return record
 
 
 def error_record(row: Row, status: str, error: ErrorInfo, attempts: int) -> dict[str, Any]:
@@ -101,6 +109,7 @@ class SinkBase:
         self._pos = start
         self._errors = open_truncated(errors or spec.errors, start.err_offset)
         self._succeeded, self._failed = start.succeeded, start.failed
+        self._degraded = start.degraded
         self._next = start
 
     def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
@@ -117,18 +126,20 @@ class SinkBase:
         error = self._store(row, result, result_error(result))
         if error is None:
             self._succeeded += 1
+            self._degraded += result.degraded
         else:
             self._failed += 1
             status = "failed" if result.status == "succeeded" else result.status
             self._errors.write(dumps(error_record(row, status, error, result.attempts)))
         self._next = Position(row.index + 1, row.end_offset, row.end_line, 0, 0, 0,
-                              self._succeeded, self._failed)
+                              self._succeeded, self._failed, self._degraded)
 
     def current(self) -> Position:
         """Where the job is once what is written so far is synced."""
         n = self._next
         return Position(n.rows, n.in_offset, n.in_line, self._out_offset(),
-                        self._errors.tell(), self._parts(), n.succeeded, n.failed)
+                        self._errors.tell(), self._parts(), n.succeeded, n.failed,
+                        n.degraded)
 
     def _sync_outputs(self) -> None:
         """Make the outputs written so far durable (format-specific)."""
@@ -160,7 +171,7 @@ class JsonlSink(SinkBase):
         self._out = open_truncated(spec.output, start.out_offset)
 
     def _store(self, row: Row, result: Result, error: ErrorInfo | None) -> ErrorInfo | None:
-        self._out.write(dumps(output_record(row, result.status, result.outputs)))
+        self._out.write(dumps(output_record(row, result)))
         return error
 
     def _out_offset(self) -> int:

@@ -180,6 +180,9 @@ class Tuning:
     early_stop_rows: int = 100
     #: ...or when more than this fraction of them fail (1.0: only the same-way check).
     early_stop_rate: float = 0.5
+    #: ``never``: rows fail closed (``unavailable``) rather than take a model's fallback
+    #: answer (docs/degradation.md). A choice of this run, not of the job's identity.
+    degrade: str = "allow"
 
     def validated(self) -> Tuning:
         if self.window < 1 or self.chunk < 1 or self.part_rows < 1:
@@ -190,6 +193,8 @@ class Tuning:
             raise ConfigError("early_stop_rate must be between 0 and 1 (1: off)")
         if min(self.checkpoint_s, self.stall_s, self.part_s) <= 0:
             raise ConfigError("checkpoint_s, stall_s and part_s must be positive")
+        if self.degrade not in ("allow", "never"):
+            raise ConfigError(f"--degrade must be allow or never, not {self.degrade!r}")
         return self
 
     @property

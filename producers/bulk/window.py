@@ -208,7 +208,7 @@ class Scorer:
             await self._client.submit_many(
                 self._model, [row.inputs for _, row in entries],
                 request_ids=[self._rid(row.index) for _, row in entries], priority=LANE_BULK,
-                version=self._version)
+                version=self._version, degrade=self._tuning.degrade)
 
     async def _collect(self, entries: list[Entry]) -> None:
         pending = {self._rid(row.index): (seq, row) for seq, row in entries}

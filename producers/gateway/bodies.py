@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from batchfleet.producers.client import PRIORITIES
-from batchfleet.schemas.envelopes import check_version_label
+from batchfleet.schemas.envelopes import DEGRADE_ALLOW, DEGRADE_CHOICES, check_version_label
 from batchfleet.schemas.errors import (
     DecodeError,
     LimitExceededError,
@@ -30,7 +30,7 @@ from batchfleet.schemas.tensors import DTYPES, Tensors, decode_tensor, is_tensor
 JSON_TYPES = ("application/json",)
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 _FIELDS = {"inputs", "dtype", "priority", "deadline_s", "callback_url", "version",
-           "routing_key", "cache"}
+           "routing_key", "cache", "degrade"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,8 @@ class Submission:
     routing_key: str | None = None
     #: False: never answered from the result cache, nor stored in it (docs/cache.md).
     cache: bool = True
+    #: ``never``: fail closed (``unavailable``) instead of a fallback answer.
+    degrade: str = DEGRADE_ALLOW
 
 
 async def read_limited(content_length: str | None, chunks: AsyncIterator[bytes],
@@ -106,9 +108,12 @@ def parse_submission(doc: Any, *, batch: bool, max_items: int) -> Submission:
     cache = doc.get("cache", True)
     if cache is not None and not isinstance(cache, bool):
         raise ValidationError("cache must be true, false or null")
+    degrade = doc.get("degrade")
     return Submission(inputs, priority, _deadline(doc.get("deadline_s")),
                       callback, check_version_label(doc.get("version")),
-                      _routing_key(doc.get("routing_key")), cache is not False)
+                      _routing_key(doc.get("routing_key")), cache is not False,
+                      DEGRADE_ALLOW if degrade is None
+                      else _choice(degrade, "degrade", list(DEGRADE_CHOICES)))
 
 
 def _choice(value: Any, name: str, allowed: list[str]) -> str:

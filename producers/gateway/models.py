@@ -48,6 +48,14 @@ class ResultOut(BaseModel):
     cached: bool = Field(False, description=(
         "Answered from the result cache: computed earlier for the same owner's identical "
         "inputs (docs/cache.md); compute_ms is then 0 and batch_size null."))
+    degraded: bool = Field(False, description=(
+        "Answered by the model's fallback chain, not by the model (docs/degradation.md)."))
+    degraded_reason: str | None = Field(None, description=(
+        "Why it was degraded: error, breaker, deadline or overload."))
+    fallback: str | None = Field(None, description=(
+        "The step that answered: cache, model:NAME@VERSION, rules:module:function or value."))
+    degraded_error: ErrorDetail | None = Field(None, description=(
+        "The failure that caused the degradation (error stays null on a success)."))
 
 
 class Health(BaseModel):
@@ -74,6 +82,10 @@ _COMMON: dict[str, Any] = {
                 "description": "Pin to one version label (docs/rollout.md, Routing)."},
     "routing_key": {"type": ["string", "null"], "minLength": 1, "maxLength": 256,
                     "description": "Hashed instead of the request ID to pick a version."},
+    "degrade": {"type": ["string", "null"], "enum": ["allow", "never", None],
+                "default": "allow",
+                "description": "never: fail closed (`unavailable`) where the model's fallback "
+                               "chain would answer (docs/degradation.md)."},
     "cache": {"type": ["boolean", "null"], "default": True,
               "description": "false: never answered from the result cache, nor stored in it "
                              "(docs/cache.md)."},
@@ -213,6 +225,33 @@ class FleetOut(BaseModel):
     lanes: list[dict[str, Any]] = Field(description="One per model and lane.")
     workers: list[dict[str, Any]] = Field(description="Live workers (fresh heartbeat).")
     totals: dict[str, Any]
+
+
+class OutputSideOut(BaseModel):
+    """One side (outputs or inputs) of a version, as ``models outputs --json`` prints it."""
+
+    reference: str | None = Field(description="baseline, stable, or null (no drift).")
+    count: int = Field(description="Values counted (docs/monitoring.md).")
+    nan_rate: float | None
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    psi: float | None = Field(description="Null below 2,000 values on either side.")
+    ks: float | None
+
+
+class VersionOutputsOut(OutputSideOut):
+    """One version's row of ``batchfleet models outputs MODEL --inputs --json``."""
+
+    version: str
+    role: str = Field(description="stable, canary, shadow or pinned.")
+    inputs: OutputSideOut
+
+
+class OutputsOut(BaseModel):
+    model: str
+    since_s: float
+    versions: list[VersionOutputsOut]
 
 
 class DeadLetterOut(BaseModel):

@@ -109,7 +109,8 @@ class Gateway:
         options: dict[str, Any] = {
             "priority": sub.priority, "deadline_s": sub.deadline_s,
             "callback_url": sub.callback_url, "owner": key.key_id, "fingerprint": fingerprint,
-            "version": sub.version, "routing_key": sub.routing_key, "cache": sub.cache}
+            "version": sub.version, "routing_key": sub.routing_key, "cache": sub.cache,
+            "degrade": sub.degrade}
         try:
             if len(ids) == 1:  # coalesced with concurrent single submits: fewer round trips
                 await self.client.submit(model, inputs[0], request_id=ids[0], **options)

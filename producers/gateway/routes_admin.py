@@ -1,9 +1,12 @@
-"""Operator routes: the fleet snapshot and the dead-letter queue, for admin keys only.
+"""Operator routes: the fleet snapshot, the dead-letter queue and what each model version
+answers, for admin keys only.
 
 Each route calls the library the CLI calls and only shapes its answer:
 ``GET /v1/fleet`` is ``batchfleet status --json`` (the plane's ``fleet`` reader),
 ``GET /v1/dlq`` pages one model's dead letters and ``POST /v1/dlq/replay`` is
-``batchfleet dlq replay [--dry-run]`` (``connectors.dlq_ops.DeadLetterOps``). Any other
+``batchfleet dlq replay [--dry-run]`` (``connectors.dlq_ops.DeadLetterOps``) and
+``GET /v1/models/{model}/outputs`` is ``batchfleet models outputs --inputs --json``
+(``connectors.output_report``). Any other
 key gets 403. Every call opens its own connections: these are rare operator calls,
 and keeping them off the request path's pool keeps them from competing with it.
 """
@@ -18,12 +21,14 @@ from fastapi import APIRouter, Query
 
 from batchfleet.connectors import open_broker
 from batchfleet.connectors.dlq_ops import DeadLetterOps, Selection
+from batchfleet.connectors.output_report import read_rows
 from batchfleet.connectors.values import DeadLetter
 from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.models import (
     DeadLetterPage,
     ErrorResponse,
     FleetOut,
+    OutputsOut,
     ReplayIn,
     ReplayOut,
 )
@@ -119,3 +124,19 @@ async def replay(body: ReplayIn, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     finally:
         await ops.close()
     return {"dry_run": body.dry_run, "replayed": report.replayed, "skipped": report.skipped}
+
+
+@admin.get("/models/{model}/outputs", response_model=OutputsOut, responses=_ERRORS)
+async def outputs(
+    model: str, gw: GatewayDep, key: KeyDep,
+    since_s: Annotated[float, Query(ge=1.0, le=30 * 24 * 3600.0,
+                                    description="The period, ending now.")] = 900.0,
+) -> dict[str, Any]:
+    """Each version's output and input statistics and drift against its reference:
+    ``batchfleet models outputs MODEL --inputs --json`` (docs/monitoring.md). Admin keys
+    only."""
+    _require_admin(key)
+    check_model_name(model)
+    rows = await read_rows(gw.plane, model, since_s)
+    return {"model": model, "since_s": since_s,
+            "versions": [r.to_json(inputs=True) for r in rows]}

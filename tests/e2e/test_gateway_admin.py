@@ -68,7 +68,8 @@ def _sorted(report: dict[str, Any]) -> dict[str, Any]:
 
 async def test_a_key_without_the_admin_scope_gets_403(http: httpx.AsyncClient) -> None:
     calls = [("GET", "/v1/fleet", None), ("GET", "/v1/dlq?model=switch", None),
-             ("POST", "/v1/dlq/replay", {"model": "switch", "dry_run": True})]
+             ("POST", "/v1/dlq/replay", {"model": "switch", "dry_run": True}),
+             ("GET", "/v1/models/switch/outputs", None)]
     for method, path, body in calls:
         denied = await http.request(method, path, json=body, headers=BILL)
         assert denied.status_code == 403, (path, denied.text)
@@ -132,3 +133,31 @@ async def test_replay_dry_run_changes_nothing_and_replay_reruns_the_request(
         left = await http.get("/v1/dlq", params={"model": "switch"}, headers=ROOT)
         assert [dl["request_id"] for dl in left.json()["letters"]] == [ids[2]]
         assert (await client.wait(ids[2], timeout=5)).status == "failed"
+
+
+async def test_model_outputs_are_what_models_outputs_prints(
+        http: httpx.AsyncClient, redis_url: str) -> None:
+    """``GET /v1/models/{model}/outputs`` is ``models outputs --inputs --json``."""
+    import time
+
+    from batchfleet.connectors import open_control_plane
+    from batchfleet.connectors.output_stats import Flush
+    from batchfleet.connectors.output_summary import summarise_batch
+
+    plane = open_control_plane(redis_url)
+    try:
+        rows = list(np.random.default_rng(5).random((3000, 2)))
+        await plane.output_stats.flush("scored", Flush(
+            int(time.time()) // 60 * 60, 60, 3600,
+            {("default", "outputs"): summarise_batch(rows, "scores"),
+             ("default", "inputs"): summarise_batch(rows, None)}))
+    finally:
+        await plane.close()
+    got = await http.get("/v1/models/scored/outputs?since_s=600", headers=ROOT)
+    assert got.status_code == 200, got.text
+    body = got.json()
+    printed = await _cli_json("models", "outputs", "scored", "--inputs", "--json",
+                              "--since-s", "600", "--broker", redis_url)
+    assert body["versions"] == printed
+    assert [(v["version"], v["role"], v["count"]) for v in printed] == [
+        ("default", "stable", 6000)]

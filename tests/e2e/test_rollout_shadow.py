@@ -19,10 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from batchfleet.cli import app
+from batchfleet.connectors.output_report import read_rows
 from batchfleet.connectors.rollout_stats import ShadowReport
 from batchfleet.processes import WorkerProcess
 from batchfleet.producers import AsyncClient
 from batchfleet.schemas.names import Names
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.rollout_stats import VersionStats
 from batchfleet.workers.middleware.shadow import Shadow
 from batchfleet.workers.models.builtin import build_mlp
@@ -92,6 +94,13 @@ async def test_shadow_of_the_same_model_is_compared_and_never_returned(
             == len(rows)
         assert m.version_requests.labels(MODEL, "v1", "shadow", "ok")._value.get() \
             == found.compared
+        # The shadow's answers are in its output statistics, judged against stable's.
+        outputs = worker.find(OutputStats)
+        await outputs.flush()
+        rows_by = {r.version: r for r in await read_rows(worker.context.plane, MODEL, 600)}
+        shadow_row = rows_by["v1"]
+        assert (shadow_row.role, shadow_row.outputs.reference) == ("shadow", "stable")
+        assert shadow_row.outputs.summary.rows == found.compared
 
         # the CLI runs its own event loop: off this one, in a thread
         out = await asyncio.to_thread(CliRunner().invoke, app, [

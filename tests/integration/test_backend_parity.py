@@ -101,6 +101,30 @@ async def test_first_terminal_write_wins_and_generations_fence(backend: Backend)
     assert await results.missing([a, "nope"]) == ["nope"]
 
 
+async def test_replay_reopens_a_degraded_success_and_not_a_model_answer(
+        backend: Backend) -> None:
+    """docs/degradation.md: a success a fallback gave is reopened by DLQ replay, under a
+    new generation; one the model computed is not."""
+    import numpy as np
+
+    from batchfleet.schemas.envelopes import ErrorInfo, Result, encode_result
+
+    results = backend.plane.results
+    degraded, computed = rid(), rid()
+    await results.put_pending([(degraded, b"p"), (computed, b"p")])
+    outputs = np.array([0.5], np.float32)
+    bodies = [encode_result(Result(degraded, "succeeded", outputs, degraded=True,
+                                   degraded_reason="error", fallback="value",
+                                   degraded_error=ErrorInfo("model_error", "down", True))),
+              encode_result(Result(computed, "succeeded", outputs))]
+    assert await results.write_terminal([TerminalWrite(degraded, "succeeded", bodies[0]),
+                                         TerminalWrite(computed, "succeeded", bodies[1])]
+                                        ) == [True, True]
+    assert await results.reopen_for_replay([(degraded, b"p1"), (computed, b"p1")]) == [1, -1]
+    assert await results.write_terminal([TerminalWrite(degraded, "succeeded", b"model",
+                                                       generation=1)]) == [True]
+
+
 async def test_duplicate_submits_and_fingerprints(backend: Backend) -> None:
     results: Any = backend.plane.results  # withdraw_pending: not yet on the Results protocol
     a, b = rid(), rid()
@@ -300,3 +324,46 @@ async def test_rollout_policy_changes(backend: Backend) -> None:
     assert (undone.stable, undone.previous, undone.epoch) == ("v1", None, 6)
     assert (await models.policies([name, "absent"])) == {name: undone}
     assert len(await models.history(name, limit=2)) == 2
+
+
+async def test_output_stats_merge_windows_and_keep_baselines(backend: Backend) -> None:
+    """Two workers' deltas in one window read back as exactly their sum; a window that
+    ended before ``since`` (or after ``until``) is left out, as are other labels and sides
+    when some are named; a frozen baseline reads back whole."""
+    import numpy as np
+
+    from batchfleet.connectors.output_stats import Baseline, Flush
+    from batchfleet.connectors.output_summary import summarise_batch
+
+    stats, model = backend.plane.output_stats, "m"
+    now = time.time()
+    start = int(now // 60) * 60
+    rng = np.random.default_rng(0)
+    a = summarise_batch(list(rng.normal(size=(300, 2))), "scores")
+    b = summarise_batch(list(rng.normal(size=(200, 2))), "scores")
+    old = summarise_batch(list(rng.normal(size=(50, 2))), "scores")
+    await stats.flush(model, Flush(start, 60, 3600, {("v1", "outputs"): a}))
+    await stats.flush(model, Flush(start, 60, 3600, {("v1", "outputs"): b,
+                                                      ("v1", "inputs"): old}))
+    await stats.flush(model, Flush(start - 600, 60, 3600, {("v1", "outputs"): old}))
+    got = await stats.read(model, since=now - 60)
+    out = got[("v1", "outputs")]
+    assert out.rows == 500
+    assert out.series["output"].count == 1000
+    assert out.series["output"].classes == {
+        c: a.series["output"].classes.get(c, 0) + b.series["output"].classes.get(c, 0)
+        for c in (0, 1)}
+    assert got[("v1", "inputs")].rows == 50
+    assert (await stats.read(model, since=now - 3600))[("v1", "outputs")].rows == 550
+    assert await stats.read("other", since=0) == {}
+    # windows that end at or before ``until``; one label and side only
+    old_only = await stats.read(model, since=now - 3600, until=start - 540)
+    assert old_only[("v1", "outputs")].rows == 50 and ("v1", "inputs") not in old_only
+    picked = await stats.read(model, since=now - 60, labels=("v1",), side="inputs")
+    assert list(picked) == [("v1", "inputs")]
+    assert await stats.read(model, since=now - 60, labels=("v2",)) == {}
+    await stats.freeze(model, Baseline("v1", now, 600.0, {"outputs": out}))
+    bases = await stats.baselines(model, ["v1", "v2"])
+    assert list(bases) == ["v1"]
+    assert bases["v1"].sides["outputs"].series["output"].buckets == out.series["output"].buckets
+    assert bases["v1"].since_s == 600.0

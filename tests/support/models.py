@@ -226,3 +226,32 @@ def paced_mlp_3x() -> TorchModuleHandler:
     """The same at 90 ms a batch: three times slower on every batch."""
     return TorchModuleHandler("paced-3x", Paced(3 * PACE_S),
                               input_spec=TensorSpec("float32", (10,)))
+
+
+class FileSwitched(nn.Module):
+    """demo-mlp that raises on every batch while ``path`` exists: a test heals it by
+    removing the file (a model whose backend comes back)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.inner = build_mlp()
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.path.exists(self.path):
+            raise RuntimeError("model backend unavailable")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def file_switched(path: str, name: str = "flaky") -> TorchModuleHandler:
+    return TorchModuleHandler(name, FileSwitched(path), input_spec=TensorSpec("float32", (10,)))
+
+
+def demo_mlp(name: str = "backup", seed: int = 7) -> TorchModuleHandler:
+    """Another demo-mlp (other weights): a sturdier model to fall back on."""
+    return TorchModuleHandler(name, build_mlp(seed=seed), input_spec=TensorSpec("float32", (10,)))
+
+
+def paced(seconds: float, name: str = "slow") -> TorchModuleHandler:
+    """demo-mlp at ``seconds`` a batch, whatever its size: a slow model."""
+    return TorchModuleHandler(name, Paced(seconds), input_spec=TensorSpec("float32", (10,)))

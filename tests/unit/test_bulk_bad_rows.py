@@ -307,9 +307,10 @@ def _strict(line: bytes) -> Any:
 def test_output_lines_are_strict_json_whatever_the_model_or_the_ids_hold() -> None:
     """A model may turn finite inputs into NaN: shown as null, as the gateway shows it."""
     row = Row(3, np.zeros(2, np.float32), custom_id=float("nan"))
-    out = _strict(dumps(output_record(row, "succeeded", np.array([np.nan, 1.5, -np.inf]))))
+    out = _strict(dumps(output_record(row, Result("r3", "succeeded",
+                                                  np.array([np.nan, 1.5, -np.inf])))))
     assert out == {"custom_id": None, "row": 3, "status": "succeeded",
                    "outputs": [None, 1.5, None]}
-    named = _strict(dumps(output_record(Row(4, None, custom_id="c4"), "succeeded",
-                                        {"a": np.array([np.inf], np.float32)})))
+    named = _strict(dumps(output_record(Row(4, None, custom_id="c4"), Result(
+        "r4", "succeeded", {"a": np.array([np.inf], np.float32)}))))
     assert named["outputs"] == {"a": [None]}

@@ -258,7 +258,7 @@ BULK_RUN = {
     "window": ("BATCHFLEET_BULK_WINDOW", "4096"), "dtype": (None, "auto"),
     "input_column": (None, "none"), "feature_columns": (None, "none"),
     "id_column": (None, "custom_id"), "max_line_bytes": (None, str(16 * 1024 * 1024)),
-    "version": (None, "none"), "early_stop_rows": (None, "100"),
+    "version": (None, "none"), "degrade": (None, "allow"), "early_stop_rows": (None, "100"),
     "early_stop_rate": (None, "0.5"), "progress": (None, "auto"), "stall_s": (None, "600.0"),
     "part_rows": (None, "65536"),
 }

@@ -40,6 +40,7 @@ class HandMade:
 async def test_nan_evidence_rolls_the_canary_back_and_none_is_skipped() -> None:
     url = f"memory://guard-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings.from_url(url, webhooks=False, device="cpu",
+                                       output_stats=False,  # no evidence source
                                        models=("demo-mlp", "demo-mlp@v2=demo-mlp:seed=2"))
     worker = Worker(settings)
     plane = open_control_plane(url)

@@ -12,6 +12,7 @@ receive a :class:`~batchfleet.workers.context.WorkerContext`, never the worker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from batchfleet.connectors.broker import Consumer, Delivery
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.batching import ClosePolicy
-from batchfleet.workers.completion import Completed
+from batchfleet.workers.completion import Completed, expired_answers
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.runner import BatchRun
 
 if TYPE_CHECKING:
     from batchfleet.workers.context import WorkerContext
+    from batchfleet.workers.failures import FailurePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,11 @@ class Middleware:
         """Side loops to run while the worker consumes (cancelled at stop)."""
         return []
 
+    def failure_policy(self, inner: FailurePolicy) -> FailurePolicy:
+        """The failure policy wrapped, or ``inner`` as is (graceful degradation answers
+        from a fallback chain what the policy would have failed)."""
+        return inner
+
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
         """Which of ``models`` must not be fetched now (their lanes are paused)."""
         return frozenset()
@@ -119,6 +126,11 @@ class Middleware:
         """A batch this middleware let through ``before_compute`` will not be computed after
         all (a later middleware forwarded or emptied it, or it expired while held): undo what
         letting it through took (a half-open breaker's probe, a suspect's solo mark)."""
+
+    async def on_late(self, jobs: Sequence[Job]) -> tuple[list[Answer], list[Job]]:
+        """Jobs whose deadline passed before they ran: answers for those this middleware
+        answers (a fallback chain), and the rest (answered ``expired``)."""
+        return [], list(jobs)
 
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         """The batch ran (its outputs, or each request's error, are in ``run``); answers made
@@ -186,6 +198,12 @@ class Chain:
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [task for m in self.middleware for task in m.background_tasks()]
+
+    def failure_policy(self, inner: FailurePolicy) -> FailurePolicy:
+        """``inner`` wrapped by every middleware, the first one outermost."""
+        for m in reversed(self.middleware):
+            inner = m.failure_policy(inner)
+        return inner
 
     def paused_models(self, models: frozenset[str]) -> frozenset[str]:
         return frozenset().union(*(m.paused_models(models) for m in self.middleware))
@@ -258,6 +276,18 @@ class Chain:
     async def after_compute(self, batch: Batch, run: BatchRun) -> None:
         for m in self.middleware:
             await m.after_compute(batch, run)
+
+    async def late(self, jobs: Sequence[Job]) -> list[Answer]:
+        """Answers for jobs whose deadline passed before they ran: a middleware's, or
+        ``expired``."""
+        answers: list[Answer] = []
+        left = list(jobs)
+        for m in self.middleware:
+            if not left:
+                break
+            got, left = await m.on_late(left)
+            answers += got
+        return answers + expired_answers(left, time.time())
 
     async def before_write(self, answers: Sequence[Answer]) -> None:
         for m in self.middleware:

@@ -8,6 +8,7 @@ from typing import TypeVar
 from batchfleet.connectors.tracing import tracer as otel_tracer
 from batchfleet.schemas.names import Names
 from batchfleet.workers.breaker import BreakerConfig
+from batchfleet.workers.fallback.middleware import degrade_middleware
 from batchfleet.workers.guards import Guards
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Chain, Middleware
@@ -17,6 +18,7 @@ from batchfleet.workers.middleware.fleet import HeartbeatLoop, RetryPumpLoop
 from batchfleet.workers.middleware.health import HealthEndpoint
 from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
@@ -50,18 +52,35 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     chain: list[Middleware] = []
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
-    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(), Breakers(guards),
-              OperatorPauses(), *model_residency(s, metrics),
+    served = list(models)
+    cache_on = {m: s.cache_ttl_s.for_model(m) > 0 for m in served}
+    chains = s.fallback_chains(served)
+    chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
+              # before Breakers: it answers an open breaker's batches from the chain
+              *degrade_middleware(chains, s.degrade_triggers(served), cache_on, metrics,
+                                 {m: s.cache_scope.for_model(m) for m in served},
+                                 shed_after_ms={m: s.shed_after_ms.for_model(m)
+                                                for m in served},
+                                 max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms),
+              Breakers(guards), OperatorPauses(), *model_residency(s, metrics),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
-              *result_cache(s.cache_ttl_s, metrics, s.cache_scope),  # after Routing (key: version)
+              # after Routing (key: version)
+              *result_cache(s.cache_ttl_s, metrics, s.cache_scope, stale_s=s.cache_stale_s,
+                            fallback=frozenset(m for m, c in chains.items()
+                                               if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
               Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
     versions = VersionStats(metrics, policies)
+    # what each version answers (docs/monitoring.md); the guard's output evidence
+    outputs = (OutputStats(s.output_kind, s.stats_window_s, s.stats_keep_s, metrics=metrics)
+               if s.output_stats else None)
     chain += [versions, Shadow(metrics, policies, versions, budget=s.shadow_budget),
-              RolloutGuard(metrics, policies)]
+              RolloutGuard(metrics, policies, evidence=outputs)]
+    if outputs is not None:
+        chain.append(outputs)
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import structlog
 
 from batchfleet.connectors.control_plane import ResultCache
-from batchfleet.connectors.result_cache import SCOPE_OWNER, cache_key
+from batchfleet.connectors.result_cache import ANY_VERSION, SCOPE_OWNER, cache_key
 from batchfleet.connectors.values import CacheEntry
 from batchfleet.schemas.envelopes import ErrorInfo, Result
 from batchfleet.schemas.errors import BatchfleetError
@@ -58,6 +58,8 @@ T = TypeVar("T")
 TIMEOUT_S = 1.0
 #: The default ``--cache-scope``: each owner its own entries.
 BY_OWNER: Final[PerModel[str]] = PerModel(SCOPE_OWNER)
+#: The default ``--cache-stale-s``: version-free entries live as long as the others.
+NO_STALE: Final[PerModel[int]] = PerModel(0)
 #: A twin whose first copy vanished from the batch before compute (never expected).
 _LOST = ErrorInfo("internal_error", "its identical request left the batch before compute",
                   retryable=True)
@@ -90,8 +92,13 @@ class _Plan:
 class CachedResults(Middleware):
     def __init__(self, ttl_s: PerModel[int], metrics: WorkerMetrics | None = None,
                  cache: ResultCache | None = None, timeout_s: float = TIMEOUT_S,
-                 scope: PerModel[str] = BY_OWNER) -> None:
+                 scope: PerModel[str] = BY_OWNER, *, fallback: frozenset[str] = frozenset(),
+                 stale_s: PerModel[int] = NO_STALE) -> None:
         self._ttl = ttl_s
+        #: Models whose fallback chain has a ``cache`` step: their outputs are also stored
+        #: under a version-free key, kept ``stale_s`` longer (docs/degradation.md).
+        self._fallback = fallback
+        self._stale = stale_s
         self._scope = scope
         self._metrics = metrics
         self._cache = cache
@@ -172,6 +179,23 @@ class CachedResults(Middleware):
                  if (out := row.get(job_id)) is not None and not isinstance(out, BaseException)]
         if fresh:
             await self._call(model, "write", self._put(fresh, plan.ttl_s))
+        if fresh and model in self._fallback:
+            await self._store_any_version(batch, plan, row)
+
+    async def _store_any_version(self, batch: Batch, plan: _Plan, row: dict[int, Any]) -> None:
+        """The same outputs under version-free keys, for the fallback ``cache`` step only:
+        the normal lookup never reads them, so ``--cache-stale-s`` never serves a stale
+        answer as a fresh one."""
+        model, label = batch.key.model, batch.key.version
+        scope = self._scope.for_model(model, label or None)
+        per_row_s = 0.0
+        entries = [(cache_key(model, ANY_VERSION, job.request.inputs, owner=job.request.owner,
+                              scope=scope), CacheEntry(plan.version, out, per_row_s))
+                   for job in batch.jobs if id(job) in plan.store
+                   and (out := row.get(id(job))) is not None
+                   and not isinstance(out, BaseException)]
+        ttl = plan.ttl_s + self._stale.for_model(model, label or None)
+        await self._call(model, "write", self._put(entries, ttl))
 
     def _answer_twins(self, batch: Batch, run: BatchRun, plan: _Plan,
                       row: dict[int, Any]) -> None:
@@ -251,7 +275,9 @@ def _hit(job: Job, entry: CacheEntry, now: float) -> Answer:
 
 
 def result_cache(ttl_s: PerModel[int], metrics: WorkerMetrics | None = None,
-                 scope: PerModel[str] = BY_OWNER) -> list[Middleware]:
+                 scope: PerModel[str] = BY_OWNER, *, fallback: frozenset[str] = frozenset(),
+                 stale_s: PerModel[int] = NO_STALE) -> list[Middleware]:
     """``[CachedResults]`` when any model has a TTL, else nothing (``defaults.py``)."""
     on = ttl_s.default > 0 or any(ttl > 0 for _, ttl in ttl_s.overrides)
-    return [CachedResults(ttl_s, metrics, scope=scope)] if on else []
+    return ([CachedResults(ttl_s, metrics, scope=scope, fallback=fallback, stale_s=stale_s)]
+            if on else [])

@@ -159,6 +159,24 @@ class VersionStats(Middleware):
             m.version_requests.labels(model, label, role, "error").inc(errors)
         m.version_compute.labels(model, label, role).observe(compute_s)
 
+    def count_degraded(self, batch: Batch, answered: int) -> None:
+        """Requests a fallback chain answered in this version's place (its breaker open;
+        docs/degradation.md): errors for the guard, so a broken canary never looks
+        healthy behind its fallback. No compute, so no latency is recorded. (A degraded
+        answer after the ``error`` trigger was already counted: its compute failed.)"""
+        model, label = batch.key.model, batch_label(batch)
+        role = role_of(self.policies.get(model), label)
+        epoch = self.policies.epoch(model)
+        held = self._deltas.get(model)
+        if held is None or held[0] != epoch:
+            if held is not None:
+                self._pending_old.append((model, held))
+            held = self._deltas[model] = (epoch, {})
+        delta = held[1].setdefault((label, role), VersionDelta())
+        delta.requests += answered
+        delta.errors += answered
+        self._metrics.version_requests.labels(model, label, role, "error").inc(answered)
+
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._loop()] if self._ctx is not None else []
 

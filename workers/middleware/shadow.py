@@ -35,6 +35,7 @@ from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.rollout_stats import (
     PolicyCache,
     VersionStats,
@@ -112,10 +113,13 @@ class Shadow(Middleware):
         #: model -> (epoch, comparisons since the last flush); older epochs wait in _old.
         self._deltas: dict[str, tuple[int, ComparisonDelta]] = {}
         self._old: list[tuple[str, int, ComparisonDelta]] = []
+        #: The output statistics, if this worker keeps them: a shadow's answers count too.
+        self._outputs: OutputStats | None = None
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         self._ctx = ctx
         self._stats = ctx.plane.rollout_stats
+        self._outputs = ctx.find(OutputStats)
 
     async def before_compute(self, batch: Batch) -> bool:
         if self._thread.current is not None:
@@ -245,6 +249,12 @@ class Shadow(Middleware):
         if errors:
             m.shadow_requests.labels(copy.model, "error").inc(errors)
         self._versions.record(copy.model, copy.shadow, "shadow", n, errors, shadow_ms / 1000.0)
+        if self._outputs is not None:  # the shadow's answers in its output statistics
+            good = [(o, i) for o, i in zip(outputs, copy.inputs, strict=True)
+                    if not isinstance(o, BaseException)]
+            if good:
+                self._outputs.record(copy.model, copy.shadow, [o for o, _ in good],
+                                     [i for _, i in good])
 
     def background_tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._loop()] if self._ctx is not None else []

@@ -1,0 +1,117 @@
+"""The OutputStats middleware on its own, over a ``memory://`` plane: what counts, the
+kind guess, windows by time, and a refused flush kept for the next one."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batchfleet.connectors.memory_plane import open_memory_control_plane
+from batchfleet.connectors.output_stats import Flush
+from batchfleet.schemas.envelopes import Request
+from batchfleet.schemas.errors import ResultStoreError
+from batchfleet.workers.jobs import Job
+from batchfleet.workers.middleware.base import Batch, BatchKey
+from batchfleet.workers.middleware.output_stats import OutputStats, counted
+from batchfleet.workers.per_model import PerModel
+from batchfleet.workers.runner import BatchRun
+
+pytestmark = pytest.mark.unit
+
+
+class RefusesOnce:
+    """The memory store, refusing its first flush as a store outage would."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.refused = inner, 0
+
+    async def flush(self, model: str, flush: Flush) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise ResultStoreError("store down")
+        await self.inner.flush(model, flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _batch(n: int, version: str = "v1") -> Batch:
+    jobs = [Job(None, Request(uuid.uuid4().hex, "m", np.full(3, float(i), np.float32)))  # type: ignore[arg-type]
+            for i in range(n)]
+    return Batch(BatchKey(0, "m", None, version=version), jobs)
+
+
+def test_only_successful_requests_count() -> None:
+    batch = _batch(3)
+    run = BatchRun([np.array([0.1, 0.9]), ResultStoreError("x"), np.array([0.7, 0.3])],
+                   0.0, 0.001, 1)
+    outs, ins = counted(batch, run)
+    assert len(outs) == len(ins) == 2
+    assert float(ins[1][0]) == 2.0  # the third request's inputs, not the failed one's
+
+
+async def test_windows_kinds_and_a_refused_flush_kept_for_the_next() -> None:
+    plane = open_memory_control_plane(f"memory://outmw-{uuid.uuid4().hex[:8]}")
+    store = RefusesOnce(plane.output_stats)
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600)
+    mw._ctx = SimpleNamespace(plane=SimpleNamespace(output_stats=store))  # type: ignore[assignment]
+    scores = [np.array([0.2, 0.8]), np.array([0.9, 0.1])]
+    mw.record("m", "v1", scores, [np.zeros(3), np.ones(3)], now=1_000_000.0)
+    mw.record("m", "v1", scores, [np.zeros(3), np.ones(3)], now=1_000_070.0)  # next window
+    assert mw.kind("m", "v1", scores[0]) == "scores"
+    await mw.flush()  # the first window's write is refused: kept, the second's lands
+    assert store.refused == 1
+    assert (await plane.output_stats.read("m", 0))[("v1", "outputs")].rows == 2
+    await mw.flush()
+    got = await plane.output_stats.read("m", 999_000.0)
+    outputs = got[("v1", "outputs")]
+    assert outputs.rows == 4 and outputs.series["output"].classes == {0: 2, 1: 2}
+    assert got[("v1", "inputs")].series["output"].count == 12
+    only_second = await plane.output_stats.read("m", 1_000_061.0)
+    assert only_second[("v1", "outputs")].rows == 2
+    await plane.close()
+
+
+async def test_guard_evidence_merges_settled_windows_once_and_rereads_recent_ones() -> None:
+    import time
+
+    from batchfleet.connectors.output_summary import summarise_batch
+
+    plane = open_memory_control_plane(f"memory://outev-{uuid.uuid4().hex[:8]}")
+    store = plane.output_stats
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=7200)
+    mw._ctx = SimpleNamespace(plane=plane)  # type: ignore[assignment]
+    now = int(time.time()) // 60 * 60
+    rows = [np.array([0.5], np.float32)] * 1500
+
+    async def add(start: int, label: str) -> None:
+        await store.flush("m", Flush(start, 60, 7200, {
+            (label, "outputs"): summarise_batch(rows, "regression")}))
+
+    for label in ("stable", "canary"):
+        await add(now - 600, label)  # settled
+        await add(now, label)  # recent
+    found = await mw.output_evidence("m", "canary", "stable", now - 900)
+    assert found is not None
+    canary, stable = found
+    assert (canary.count, stable.count) == (3000, 3000)
+    assert canary.psi is not None and canary.psi < 0.02
+    await add(now, "canary")  # the recent window grows: read again
+    await add(now - 600, "canary")  # a settled window written late: not read again
+    canary, _ = await mw.output_evidence("m", "canary", "stable", now - 900) or (None, None)
+    assert canary is not None and canary.count == 4500
+    assert await mw.output_evidence("m", "nobody", "stable", now - 900) is None
+    await plane.close()
+
+
+def test_outputs_a_summary_cannot_read_are_dropped_never_raised() -> None:
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600)
+    ragged = [np.zeros(2), np.zeros(3)] * 2048  # shapes change between requests
+    mw.record("m", "v1", ragged, [np.zeros(1)] * len(ragged), now=0.0)  # folds: no raise
+    mw.record("m", "v1", [np.zeros(2)], [np.zeros(1)], now=0.0)
+    (_, flush), = mw.take()
+    assert flush.deltas[("v1", "outputs")].rows == 1  # only what could be read
