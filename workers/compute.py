@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +169,30 @@ class ComputeThread:
         def attach() -> None:
             for handler, one in zip(handlers, built, strict=True):
                 _resident(handler).attach(one.handler)
+        await loop.run_in_executor(self._executor, attach)
+        return built
+
+    async def swap(self, slot: str, make: Callable[[], ModelHandler], tag: str, source: str,
+                   warmup_sizes: Sequence[int]) -> Built | None:
+        """Serve a new version of a ``ResidentHandler`` (``make`` builds it): where one is
+        loaded, the new one is built and warmed up on the loader thread and takes over on
+        the compute thread between two batches (the old one's batches finish on it);
+        where none is, it is only built once to learn its version. What a build raises is
+        raised here, the old version still serving."""
+        loop = asyncio.get_running_loop()
+        handler = _resident(self._runner.handlers[slot])
+        if self._loader is None:
+            self._loader = _pool(f"{THREAD_PREFIX}-loader")
+        if not handler.resident:
+            probe = await loop.run_in_executor(self._loader, make)
+            handler.retarget(make, tag, source, probe)
+            return None
+        built = await loop.run_in_executor(self._loader, handler.build, self.device,
+                                           warmup_sizes, make)
+
+        def attach() -> None:
+            handler.retarget(make, tag, source)
+            handler.attach(built.handler)
         await loop.run_in_executor(self._executor, attach)
         return built
 

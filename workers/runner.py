@@ -119,7 +119,7 @@ class ModelRunner:
         What a handler raises there is a ConfigError naming the model: it is not served."""
         took: dict[str, float] = {}
         for name, handler in self.handlers.items():
-            if not getattr(handler, "resident", True):  # loaded on demand (models/lazy.py)
+            if not getattr(handler, "resident", True):  # loaded later (models/lazy.py)
                 continue
             start = time.perf_counter()
             try:

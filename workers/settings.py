@@ -387,6 +387,14 @@ class WorkerSettings:
         "Start even when the accuracy gate measures a difference past the tolerance.",
         per_model=True, metavar="[MODEL=]true|false", parse=truth, panel="Runtimes"))
 
+    #: A model repository (docs/models.md, "Model repository"), polled for new versions.
+    model_repository: str = field(default="", metadata=opt(
+        "Serve every model of this repository (a directory or s3://bucket/prefix: one "
+        "folder per model with a model.toml, one subfolder per version, complete once it "
+        "holds READY).", metavar="DIR|URL", show="none", panel="Loading"))
+    repository_poll_s: float = field(default=10.0, metadata=opt(
+        "How often the model repository is read for new and removed versions.",
+        panel="Loading"))
     #: Loading on demand (docs/models.md, "Loading on demand"): hold at most this many
     #: models, or this much of their memory; the others' lanes are paused until loaded.
     max_loaded_models: int | None = field(default=None, metadata=opt(
@@ -513,6 +521,8 @@ class WorkerSettings:
             raise ConfigError("max_loaded_models must be at least 1")
         if self.model_memory_mb is not None and self.model_memory_mb <= 0:
             raise ConfigError("model_memory_mb must be positive")
+        if self.repository_poll_s <= 0:
+            raise ConfigError("repository_poll_s must be positive")
         if self.min_residency_s < 0:
             raise ConfigError("min_residency_s must not be negative")
         if self.stuck_exit_s <= 0:

@@ -192,3 +192,72 @@ async def test_a_version_is_not_reported_loaded_before_its_warm_up_ran(
         assert (f'batchfleet_model_cold_start_seconds_count{{model="w",phase="{phase}",'
                 f'version="default"}} 1.0') in metrics
     assert 'batchfleet_model_loads_total{model="w",version="default"} 1.0' in metrics
+
+
+def _version(repo: Path, model: str, version: str, scale: float, ready: bool = True) -> None:
+    """A version folder: a TorchScript model returning ``scale * sum(x)``, READY last."""
+    import torch
+
+    folder = repo / model / version
+    folder.mkdir(parents=True)
+    linear = torch.nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(scale)
+    torch.jit.save(torch.jit.script(linear), str(folder / "model.pt"))
+    if ready:
+        (folder / "READY").write_text("")
+    else:  # half-written: the weights cut short, as a copy in progress leaves them
+        data = (folder / "model.pt").read_bytes()
+        (folder / "model.pt").write_bytes(data[: len(data) // 2])
+
+
+async def _served(client: AsyncClient, model: str) -> tuple[str, float]:
+    result = await client.wait(await client.submit(model, [1.0] * 4), timeout=60)
+    assert result.status == "succeeded" and result.model_version, result
+    return result.model_version.split("/")[1], float(result.outputs[0])  # type: ignore[index]
+
+
+async def test_a_repository_serves_new_versions_without_a_restart_and_drains_removed_ones(
+        redis_url: str, tmp_path: Path) -> None:
+    """Version 2 added while the worker runs is served (no restart); a half-written
+    version 3 (no READY) never is; version 2 removed: 1 serves again; every version
+    removed: the model is drained, its requests wait in the lane (not failed)."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "lin").mkdir(parents=True)
+    (repo / "lin" / "model.toml").write_text(
+        'weights = "model.pt"\ninput_spec = "float32[4]"\ncache_ttl_s = 0\n')
+    _version(repo, "lin", "1", 1.0)
+    ns = "repo1"
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client, \
+            _worker(redis_url, ns, "--model-repository", str(repo),
+                    "--repository-poll-s", "0.2") as lines:
+        assert await _served(client, "lin") == ("1", 4.0)
+        wrong = await client.wait(await client.submit("lin", [1.0] * 3), timeout=60)
+        assert wrong.error is not None and wrong.error.type == "validation_error"
+        _version(repo, "lin", "3", 3.0, ready=False)  # being written
+        _version(repo, "lin", "2", 2.0)
+        seen = set()
+        for _ in range(200):  # liveness bound only
+            served = await _served(client, "lin")
+            seen.add(served)
+            if served == ("2", 8.0):
+                break
+            await asyncio.sleep(0.05)
+        assert ("2", 8.0) in seen and not any(v == "3" for v, _ in seen), seen
+        shutil.rmtree(repo / "lin" / "2")
+        for _ in range(200):
+            if await _served(client, "lin") == ("1", 4.0):
+                break
+            await asyncio.sleep(0.05)
+        assert await _served(client, "lin") == ("1", 4.0)
+        shutil.rmtree(repo / "lin" / "1")
+        await asyncio.sleep(1.0)  # a few polls: drained
+        waiting = await client.submit("lin", [1.0] * 4)
+        await asyncio.sleep(1.0)
+        pending = await client.get(waiting)
+        assert pending is None or pending.status == "pending", pending
+    assert [e["version"] for e in _events(lines, "serving a new model version")] == ["2", "1"]
+    assert len(_events(lines, "model left the repository: draining it; its requests wait "
+                              "for a worker that has it")) == 1

@@ -144,7 +144,9 @@ class ModelResidency(Middleware):
                                  busy=m in waiting or in_flight.get(m, 0) > 0)
                      for m, r in self.loaded.items()}
         candidates = {m: age for m, age in waiting.items()
-                      if m in ctx.versions and self._failed_until.get(m, 0.0) <= now}
+                      if m in ctx.versions and self._failed_until.get(m, 0.0) <= now
+                      and not any(getattr(h, "removed", False)  # left the repository
+                                  for h in ctx.versions[m].values())}
         want = wanted(candidates, list(self.loaded),
                       {m: self._cold_after_s(m) for m in candidates})
         decision = decide(residents, want, candidates, self.memory_mb, self.limits, now)

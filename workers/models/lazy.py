@@ -42,15 +42,34 @@ class Built:
 class ResidentHandler:
     """A version whose real handler comes and goes (see the module docstring)."""
 
-    def __init__(self, name: str, make: Callable[[], ModelHandler]) -> None:
+    def __init__(self, name: str, make: Callable[[], ModelHandler], *, keep: bool = False,
+                 tag: str = "", source: str = "") -> None:
         self.name = name
+        #: The repository version folder it serves ("" for a ``--model`` spec), and where
+        #: it comes from (``batchfleet models list``).
+        self.tag, self.source = tag, source
+        #: Its model's last version left the repository: not served any more.
+        self.removed = False
         self._make = make
         first = make()  # what the fleet must know of it, loaded or not
-        self.version: str = first.version
+        self.version: str = self._versioned(first)
         self.input_spec: TensorSpec | None = first.input_spec
-        self._inner: ModelHandler | None = None
+        self._inner: ModelHandler | None = first if keep else None
         del first
         gc.collect()
+
+    def _versioned(self, handler: ModelHandler) -> str:
+        return f"{self.tag}/{handler.version}" if self.tag else handler.version
+
+    def retarget(self, make: Callable[[], ModelHandler], tag: str, source: str,
+                 probe: ModelHandler | None = None) -> None:
+        """Build from ``make`` from now on (a new repository version); what is loaded
+        stays until the compute thread attaches the new build (:meth:`attach`). ``probe``
+        (a build of it, not kept) says its version while it is not loaded."""
+        self._make, self.tag, self.source = make, tag, source
+        if probe is not None:
+            self.version = self._versioned(probe)
+            self.input_spec = probe.input_spec or self.input_spec
 
     @property
     def resident(self) -> bool:
@@ -60,13 +79,15 @@ class ResidentHandler:
     def preprocess_on_device(self) -> bool:
         return self._inner is not None and preprocess_on_device(self._inner)
 
-    def build(self, device: torch.device, warmup_sizes: Sequence[int]) -> Built:
-        """A fresh handler, set up on ``device`` and run at ``warmup_sizes`` (the batch
-        sizes it will run), so the first request pays for neither; on a loader thread."""
+    def build(self, device: torch.device, warmup_sizes: Sequence[int],
+              make: Callable[[], ModelHandler] | None = None) -> Built:
+        """A fresh handler (from ``make``, default its own), set up on ``device`` and run
+        at ``warmup_sizes`` (the batch sizes it will run), so the first request pays for
+        neither; on a loader thread."""
         cuda = device.type == "cuda"
         before = torch.cuda.memory_allocated(device) if cuda else 0
         start = time.perf_counter()
-        handler = self._make()
+        handler = (make or self._make)()
         if handler.input_spec is None:
             handler.input_spec = self.input_spec  # adopted from ``models declare``
         handler.setup(device)
@@ -84,8 +105,11 @@ class ResidentHandler:
         return Built(handler, loaded - start, warm - loaded, max(memory, 0.0))
 
     def attach(self, handler: ModelHandler) -> None:
-        """On the compute thread: serve ``handler`` from now on."""
+        """On the compute thread: serve ``handler`` from now on (between two batches, so a
+        new version takes over from the old one with no batch split across them)."""
         self._inner = handler
+        self.version = self._versioned(handler)
+        self.input_spec = handler.input_spec or self.input_spec
 
     def detach(self) -> None:
         """On the compute thread, with no batch of this version in flight: let it go."""
@@ -100,7 +124,10 @@ class ResidentHandler:
         return self._inner
 
     def setup(self, device: torch.device) -> None:
-        """Nothing: a version is set up when it is built (:meth:`build`)."""
+        """A version kept from start-up is set up with the rest; one loaded on demand is
+        set up when it is built (:meth:`build`)."""
+        if self._inner is not None:
+            self._inner.setup(device)
 
     def validate(self, inputs: Tensors) -> None:
         hook = getattr(self._inner, "validate", None)
