@@ -143,14 +143,29 @@ def list_(broker: BrokerOpt, results: ResultsOpt = None,
     now = time.time()
     rows = [{"model": r.name, "declared": _declared(r),
              "versions": ", ".join(f"{v.label}={v.version}" for v in r.versions.values())
-             or "—", "live": len(r.live_workers(now)), "stable": r.policy.stable,
+             or "—", "live": len(r.live_workers(now)), "loaded": _loaded_on(r, now),
+             "source": _sources(r), "stable": r.policy.stable,
              "shards": r.lane_shards} for r in records]
     render(rows, COLUMNS, fmt, no_headers, title=f"models ({len(records)})",
            body=iso_times([r.to_json(now) for r in records]))
 
 
 COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versions"),
-           Column("live", "live workers"), Column("stable"), Column("shards"))
+           Column("live", "live workers"), Column("loaded", "loaded on"),
+           Column("source"), Column("stable"), Column("shards"))
+
+
+def _loaded_on(record: ModelRecord, now: float) -> str:
+    """The live workers holding the model in memory (docs/models.md, "Loading on
+    demand"): all that serve it, unless they load models on demand."""
+    live = [record.served[w] for w in record.live_workers(now)]
+    holding = [s.worker_id for s in live if s.loaded is not False]
+    return ", ".join(holding) or "—"
+
+
+def _sources(record: ModelRecord) -> str:
+    """Where each version comes from: its repository folder, or ``--model``."""
+    return ", ".join(sorted({v.source or "--model" for v in record.versions.values()})) or "—"
 
 
 @models_app.command()

@@ -17,6 +17,7 @@ import pytest
 
 from batchfleet.connectors import open_control_plane
 from batchfleet.producers import AsyncClient
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.e2e
 BATCHFLEET = (str(Path(sys.executable).with_name("batchfleet")),)
@@ -104,6 +105,10 @@ async def test_three_models_with_room_for_two_and_traffic_moving_between_them(
                     ids.update(batch)
                     results += await client.wait_many(list(batch), timeout=60)
                 await asyncio.sleep(2.5)  # one more beat, with the final counts
+                code, out, err = await run_cli("models", "list", "-o", "json", "--broker",
+                                               redis_url, "--namespace", ns)
+                assert code == 0, err
+                listed = {r["name"]: r for r in json.loads(out)}
             finally:
                 stop.set()
                 await watcher
@@ -121,6 +126,9 @@ async def test_three_models_with_room_for_two_and_traffic_moving_between_them(
     assert {e["model"] for e in loads} == {"a", "b", "c"}
     assert last["model_loads"] == len(loads) and last["model_evictions"] == len(evictions)
     assert last["duplicates"] == 0
+    # ``models list``: where each model is loaded, as the last beat said
+    held = {m for m, r in listed.items() if r["served"][0]["loaded"]}
+    assert held == set(last["loaded"]) and len(held) <= 2 and set(listed) == {"a", "b", "c"}
 
 
 SLOW_WARMUP = """\
@@ -246,6 +254,15 @@ async def test_a_repository_serves_new_versions_without_a_restart_and_drains_rem
                 break
             await asyncio.sleep(0.05)
         assert ("2", 8.0) in seen and not any(v == "3" for v, _ in seen), seen
+        for _ in range(100):  # ``models list``: where it came from (asserted every beat)
+            code, out, err = await run_cli("models", "list", "-o", "json", "--broker",
+                                           redis_url, "--namespace", ns)
+            assert code == 0, err
+            [record] = json.loads(out)
+            if record["versions"]["default"].get("source", "").endswith("/lin/2"):
+                break
+            await asyncio.sleep(0.1)
+        assert record["versions"]["default"]["source"] == f"{repo.resolve()}/lin/2"
         shutil.rmtree(repo / "lin" / "2")
         for _ in range(200):
             if await _served(client, "lin") == ("1", 4.0):

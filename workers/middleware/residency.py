@@ -123,6 +123,9 @@ class ModelResidency(Middleware):
         """One look: finish evictions whose model went quiet, then decide once."""
         ctx = self._ctx
         assert ctx is not None
+        if ctx.served is not None:  # ``models list``: where each model is loaded
+            serving = self.serving()
+            ctx.served.loaded = {m: m in serving for m in ctx.versions}
         in_flight = ctx.in_flight()
         # quiet: the fetch loop paused the lane (or, were it paused already by a breaker
         # or an operator, has come round since: a fetch returns within its timeout)
