@@ -278,3 +278,35 @@ async def test_a_repository_serves_new_versions_without_a_restart_and_drains_rem
     assert [e["version"] for e in _events(lines, "serving a new model version")] == ["2", "1"]
     assert len(_events(lines, "model left the repository: draining it; its requests wait "
                               "for a worker that has it")) == 1
+
+
+async def test_across_workers_the_one_holding_a_model_reads_its_lane_first(
+        redis_url: str) -> None:
+    """Two workers that may each hold one model: the one that loads at once serves every
+    request while the other (``--cold-load-after-ms 3000``) never loads the model; once
+    the first is gone, the second loads it, but only after the lane's oldest request has
+    waited that long, and the request still succeeds."""
+    ns = "ondemand3"
+    plane = open_control_plane(redis_url, namespace=ns)
+    beats: dict[str, dict[str, Any]] = {}
+    common = ("--model", "a=demo-mlp", "--max-loaded-models", "1")
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client, \
+            _worker(redis_url, ns, *common, "--worker-id", "cold",
+                    "--cold-load-after-ms", "3000"):
+        async with _worker(redis_url, ns, *common, "--worker-id", "hot"):
+            ids = []
+            for i in range(20):
+                ids.append(await client.submit("a", [float(i)] * 10))
+                await asyncio.sleep(0.05)
+            results = await client.wait_many(ids, timeout=60)
+            await asyncio.sleep(2.5)  # a beat with the final counts
+            for beat in await plane.heartbeats.read_all():
+                beats[beat.worker_id] = {**beat.extra, **beat.counters}
+        assert all(r.status == "succeeded" for r in results)
+        assert beats["hot"]["succeeded"] == 20 and beats["hot"]["model_loads"] == 1
+        assert beats["cold"]["succeeded"] == 0 and beats["cold"]["model_loads"] == 0
+        late = await client.wait(await client.submit("a", [1.0] * 10), timeout=60)
+    await plane.close()
+    assert late.status == "succeeded", late
+    assert late.started_at is not None and late.enqueued_at is not None
+    assert late.started_at - late.enqueued_at >= 3.0  # it waited for the threshold
