@@ -17,7 +17,9 @@ import pytest
 
 from batchfleet.connectors import open_control_plane
 from batchfleet.producers import AsyncClient
+from tests.support import s3 as s3_support
 from tests.support.cli import run_cli
+from tests.support.s3 import S3Server
 
 pytestmark = pytest.mark.e2e
 BATCHFLEET = (str(Path(sys.executable).with_name("batchfleet")),)
@@ -25,12 +27,13 @@ MODELS = ("a=demo-mlp", "b=demo-mlp:seed=2", "c=demo-mlp:seed=3")
 
 
 @asynccontextmanager
-async def _worker(redis_url: str, ns: str, *args: str) -> AsyncIterator[list[str]]:
+async def _worker(redis_url: str, ns: str, *args: str,
+                  env: dict[str, str] | None = None) -> AsyncIterator[list[str]]:
     """``batchfleet worker`` as a process; yields its log lines (kept up to date)."""
     proc = await asyncio.create_subprocess_exec(
         *BATCHFLEET, "worker", "--broker", redis_url, "--namespace", ns, "--device", "cpu",
         "--no-webhooks", "--log-format", "json", *args,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=asyncio.subprocess.PIPE,
+        env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     lines: list[str] = []
 
@@ -310,3 +313,41 @@ async def test_across_workers_the_one_holding_a_model_reads_its_lane_first(
     assert late.status == "succeeded", late
     assert late.started_at is not None and late.enqueued_at is not None
     assert late.started_at - late.enqueued_at >= 3.0  # it waited for the threshold
+
+
+moto_s3 = s3_support.moto_s3  # the fixture, registered here by name
+s3_server = s3_support.s3_server
+
+
+async def test_an_s3_repository_serves_a_new_version_without_a_restart(
+        redis_url: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    """The same repository on S3 (moto's server), reached through pyarrow with the AWS
+    SDK's environment: version 1 served, version 2 uploaded (READY last) served next."""
+    import pyarrow.fs as pafs
+
+    local = tmp_path / "repo"
+    (local / "lin").mkdir(parents=True)
+    (local / "lin" / "model.toml").write_text('weights = "model.pt"\ninput_spec = "float32[4]"\n')
+    _version(local, "lin", "1", 1.0)
+    fs = moto_s3.filesystem()
+    fs.create_dir("models")
+    pafs.copy_files(str(local), "models/repo", source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+    ns = "repo-s3"
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client, \
+            _worker(redis_url, ns, "--model-repository", "s3://models/repo",
+                    "--repository-poll-s", "0.3", env=moto_s3.env()):
+        assert await _served(client, "lin") == ("1", 4.0)
+        _version(local, "lin", "2", 2.0)
+        # the weights first, READY last
+        pafs.copy_files(str(local / "lin" / "2" / "model.pt"), "models/repo/lin/2/model.pt",
+                        source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        await asyncio.sleep(1.0)  # several polls: a folder without READY is not loaded
+        assert await _served(client, "lin") == ("1", 4.0)
+        with fs.open_output_stream("models/repo/lin/2/READY"):
+            pass
+        for _ in range(200):  # liveness bound only
+            if await _served(client, "lin") == ("2", 8.0):
+                break
+            await asyncio.sleep(0.05)
+        assert await _served(client, "lin") == ("2", 8.0)
