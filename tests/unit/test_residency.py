@@ -72,3 +72,20 @@ def test_status_shows_the_loaded_set_from_the_heartbeat() -> None:
     assert loaded_cell(("a", "c")) == "a, c"
     assert loaded_cell(()) == "—"
     assert loaded_cell(None) == "all"
+
+
+def test_the_on_demand_bench_moves_a_hot_pair_and_marks_one_first_request_per_phase() -> None:
+    """``bench --on-demand``'s traffic: phase k sends to models k and k+1 only, and the
+    first request of each phase to model k+1 (the one it brings in) is marked."""
+    import numpy as np
+
+    from batchfleet.bench.on_demand import schedule
+
+    offsets = np.arange(0.0, 12.0, 0.05)
+    models, first = schedule(offsets, 4, 2.0, np.random.default_rng(1))
+    for offset, model in zip(offsets, models, strict=True):
+        phase = int(offset // 2.0)
+        assert model in (f"enc{phase % 4}", f"enc{(phase + 1) % 4}")
+    marked = [(int(o // 2.0), m) for o, m, f in zip(offsets, models, first, strict=True) if f]
+    assert [p for p, _ in marked] == list(range(6))
+    assert all(m == f"enc{(p + 1) % 4}" for p, m in marked)
