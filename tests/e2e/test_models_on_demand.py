@@ -351,3 +351,31 @@ async def test_an_s3_repository_serves_a_new_version_without_a_restart(
                 break
             await asyncio.sleep(0.05)
         assert await _served(client, "lin") == ("2", 8.0)
+
+
+@pytest.mark.kafka
+async def test_on_kafka_a_cold_models_partitions_are_paused_and_its_requests_wait(
+        redis_url: str, kafka_broker: str) -> None:
+    """Kafka: two models, room for one, traffic alternating; the unloaded model's
+    partitions are paused, its requests wait (lag has no age: the wait runs from when
+    the worker saw it) and every request succeeds once."""
+    from batchfleet.workers.middleware.residency import ModelResidency
+    from tests.support.transports import make_fleet
+
+    fleet = make_fleet("kafka", redis_url, kafka_broker)
+    async with fleet.client(check_model=False) as client, fleet.worker(
+            models=("a=demo-mlp", "b=demo-mlp:seed=2"), max_loaded_models=1,
+            min_residency_s=0.2, webhooks=False) as worker:
+        residency = worker.find(ModelResidency)
+        most = 0
+        for model in ("a", "b", "a", "b"):
+            ids = [await client.submit(model, [float(i)] * 10) for i in range(5)]
+            waiting = asyncio.ensure_future(client.wait_many(ids, timeout=60))
+            while not waiting.done():
+                most = max(most, len(residency.serving()))
+                await asyncio.sleep(0.02)
+            results = waiting.result()
+            assert all(r.status == "succeeded" and r.attempts == 1 and r.model == model
+                       for r in results), results
+    assert most == 1
+    assert residency.loads == 4 and residency.evictions == 3

@@ -89,3 +89,19 @@ def test_the_on_demand_bench_moves_a_hot_pair_and_marks_one_first_request_per_ph
     marked = [(int(o // 2.0), m) for o, m, f in zip(offsets, models, first, strict=True) if f]
     assert [p for p, _ in marked] == list(range(6))
     assert all(m == f"enc{(p + 1) % 4}" for p, m in marked)
+
+
+def test_a_lane_without_an_age_waits_from_when_it_was_first_seen() -> None:
+    """Kafka's lag has no age: the wait runs from the first look that saw work, and starts
+    again once the lane was seen empty."""
+    from batchfleet.connectors.broker import LaneBacklog
+    from batchfleet.workers.middleware.residency import waiting_ages
+
+    seen: dict[str, float] = {}
+    kafka = [LaneBacklog("a", "interactive", 3), LaneBacklog("a@default", "bulk", 0)]
+    assert waiting_ages(kafka, seen, now=10.0) == {"a": 0.0}
+    assert waiting_ages(kafka, seen, now=12.5) == {"a": 2.5}
+    assert waiting_ages([LaneBacklog("a", "interactive", 0)], seen, now=13.0) == {}
+    assert waiting_ages(kafka, seen, now=20.0) == {"a": 0.0}
+    redis = [LaneBacklog("b", "interactive", 1, 4.0), LaneBacklog("b", "bulk", 2, 7.0)]
+    assert waiting_ages(redis, {}, now=20.0) == {"b": 7.0}

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.connectors.broker import LaneBacklog
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.metrics import WorkerMetrics
 from batchfleet.workers.middleware.base import Batch, Middleware
@@ -47,6 +48,24 @@ RETRY_LOAD_S = 5.0
 def warmup_sizes(max_batch_size: int) -> tuple[int, ...]:
     """The batch sizes a version is warmed up at: one, a small batch and the largest."""
     return tuple(sorted({1, min(8, max_batch_size), max_batch_size}))
+
+
+def waiting_ages(backlog: Sequence[LaneBacklog], seen_since: dict[str, float],
+                 now: float) -> dict[str, float]:
+    """Each model with work waiting -> its oldest request's age: the transport's (Redis:
+    the stream's first entry), else since this worker first saw it waiting (Kafka: lag
+    has no age); ``seen_since`` is kept up to date in place."""
+    waiting: dict[str, float] = {}
+    for lane in backlog:
+        if lane.depth > 0:
+            model = base_model(lane.model)
+            age = lane.oldest_age_s
+            if age is None:
+                age = now - seen_since.setdefault(model, now)
+            waiting[model] = max(waiting.get(model, 0.0), age)
+    for model in set(seen_since) - set(waiting):
+        del seen_since[model]
+    return waiting
 
 
 def model_residency(s: WorkerSettings, metrics: WorkerMetrics) -> list[Middleware]:
@@ -77,6 +96,8 @@ class ModelResidency(Middleware):
         self.draining: set[str] = set()
         self._quiet: set[str] = set()
         self._drain_started: dict[str, float] = {}
+        #: When a lane was first seen with work (where the transport cannot say its age).
+        self._seen_since: dict[str, float] = {}
         self._failed_until: dict[str, float] = {}
         self._load_task: asyncio.Task[None] | None = None
         self.loads = self.evictions = 0
@@ -137,12 +158,8 @@ class ModelResidency(Middleware):
                 await self._evict(model)
         if self.draining or self.loading is not None:
             return
-        waiting: dict[str, float] = {}
-        for lane in await ctx.consumer.backlog():
-            if lane.depth > 0:
-                model = base_model(lane.model)
-                waiting[model] = max(waiting.get(model, 0.0), lane.oldest_age_s or 0.0)
         now = time.monotonic()
+        waiting = waiting_ages(await ctx.consumer.backlog(), self._seen_since, now)
         residents = {m: Resident(r.loaded_at, r.last_used, r.memory_mb,
                                  busy=m in waiting or in_flight.get(m, 0) > 0)
                      for m, r in self.loaded.items()}
