@@ -231,8 +231,9 @@ async def _served(client: AsyncClient, model: str) -> tuple[str, float]:
 async def test_a_repository_serves_new_versions_without_a_restart_and_drains_removed_ones(
         redis_url: str, tmp_path: Path) -> None:
     """Version 2 added while the worker runs is served (no restart); a half-written
-    version 3 (no READY) never is; version 2 removed: 1 serves again; every version
-    removed: the model is drained, its requests wait in the lane (not failed)."""
+    version 3 (no READY) never is; a version that cannot load leaves 2 serving; version 2
+    removed: 1 serves again; every version removed: the model is drained, its requests
+    wait in the lane (not failed)."""
     import shutil
 
     repo = tmp_path / "repo"
@@ -266,6 +267,16 @@ async def test_a_repository_serves_new_versions_without_a_restart_and_drains_rem
                 break
             await asyncio.sleep(0.1)
         assert record["versions"]["default"]["source"] == f"{repo.resolve()}/lin/2"
+        # a complete version that cannot load: logged, and version 2 keeps serving
+        (repo / "lin" / "9").mkdir()
+        (repo / "lin" / "9" / "model.pt").write_bytes(b"not a model")
+        (repo / "lin" / "9" / "READY").write_text("")
+        for _ in range(200):
+            if any("cannot load a new model version" in line for line in lines):
+                break
+            await asyncio.sleep(0.05)
+        assert await _served(client, "lin") == ("2", 8.0)
+        shutil.rmtree(repo / "lin" / "9")
         shutil.rmtree(repo / "lin" / "2")
         for _ in range(200):
             if await _served(client, "lin") == ("1", 4.0):
