@@ -14,7 +14,8 @@ The rules:
   ``--cold-load-after-ms`` is *wanted*; the one waiting longest goes first, one load at
   a time (a load holds a CPU or the device's copy engine; two would only slow both);
 * it loads when it fits: at most ``max_models`` held and their measured memory plus its
-  own (known once it was loaded before; 0 before that) within ``budget_mb``;
+  own (measured when it was last loaded; before that, its parameters and buffers as
+  built at start-up) within ``budget_mb``;
 * otherwise the least recently used *idle* models (no work waiting or fetched) are
   evicted until it fits, never one held for less than ``min_residency_s`` (no thrash);
 * when nothing idle can make room, a model that has held its place past the minimum

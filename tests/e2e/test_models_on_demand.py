@@ -390,3 +390,26 @@ async def test_on_kafka_a_cold_models_partitions_are_paused_and_its_requests_wai
                        for r in results), results
     assert most == 1
     assert residency.loads == 4 and residency.evictions == 3
+
+
+async def test_a_memory_budget_holds_what_fits(redis_url: str) -> None:
+    """``--model-memory-mb`` with room for one demo-mlp (its parameters: 0.009 MiB): the
+    two models take turns, never both loaded, every request answered once."""
+    from batchfleet.workers.middleware.residency import ModelResidency
+    from tests.support.transports import make_fleet
+
+    fleet = make_fleet("redis", redis_url, None)
+    async with fleet.client(check_model=False) as client, fleet.worker(
+            models=("a=demo-mlp", "b=demo-mlp:seed=2"), model_memory_mb=0.015,
+            min_residency_s=0.2, webhooks=False) as worker:
+        residency = worker.find(ModelResidency)
+        most = 0
+        for model in ("a", "b", "a"):
+            ids = [await client.submit(model, [float(i)] * 10) for i in range(5)]
+            waiting = asyncio.ensure_future(client.wait_many(ids, timeout=60))
+            while not waiting.done():
+                most = max(most, len(residency.serving()))
+                await asyncio.sleep(0.02)
+            assert all(r.status == "succeeded" and r.attempts == 1 for r in waiting.result())
+    assert most == 1 and residency.loads == 3 and residency.evictions == 2
+    assert 0.005 < residency.memory_mb["a"] < 0.015

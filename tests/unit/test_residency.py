@@ -41,7 +41,7 @@ def test_the_memory_budget_evicts_as_many_as_it_takes() -> None:
     residents = {"a": _r(0, 1, mb=40), "b": _r(0, 2, mb=40), "c": _r(0, 3, mb=10)}
     assert decide(residents, ["d"], {"d": 1}, {"d": 60}, budget, now=10) == Decision(
         "d", ("a", "b"))
-    # unknown size (never loaded): counted as 0 until measured
+    # a size not given (the caller estimates one from start-up): counted as 0
     assert decide(residents, ["d"], {"d": 1}, {}, budget, now=10) == Decision("d")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -66,6 +66,11 @@ def waiting_ages(backlog: Sequence[LaneBacklog], seen_since: dict[str, float],
     for model in set(seen_since) - set(waiting):
         del seen_since[model]
     return waiting
+
+
+def estimate_mb(handlers: Iterable[object]) -> float:
+    """What loading a model's versions is expected to take before one load measured it."""
+    return sum(float(getattr(h, "estimate_mb", 0.0)) for h in handlers)
 
 
 def model_residency(s: WorkerSettings, metrics: WorkerMetrics) -> list[Middleware]:
@@ -169,7 +174,9 @@ class ModelResidency(Middleware):
                                   for h in ctx.versions[m].values())}
         want = wanted(candidates, list(self.loaded),
                       {m: self._cold_after_s(m) for m in candidates})
-        decision = decide(residents, want, candidates, self.memory_mb, self.limits, now)
+        expected = {m: self.memory_mb.get(m, estimate_mb(ctx.versions[m].values()))
+                    for m in want}
+        decision = decide(residents, want, candidates, expected, self.limits, now)
         if decision.evict:  # the load waits for them; the next ticks decide it again
             for model in decision.evict:
                 log.info("evicting model", model=model, to_load=decision.load)

@@ -54,6 +54,9 @@ class ResidentHandler:
         first = make()  # what the fleet must know of it, loaded or not
         self.version: str = self._versioned(first)
         self.input_spec: TensorSpec | None = first.input_spec
+        #: Its parameters and buffers as built at start-up: what a load is expected to
+        #: take until one measured it.
+        self.estimate_mb = module_memory_mb(first)
         self._inner: ModelHandler | None = first if keep else None
         del first
         gc.collect()
