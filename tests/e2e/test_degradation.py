@@ -5,7 +5,9 @@ DLQ replay of a degraded result, and the start-up refusals of the worker command
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,20 @@ def _rows(n: int, poison_at: list[int] = (), seed: int = 5) -> np.ndarray:  # ty
     return rows
 
 
+async def _status_lane(redis_url: str, model: str, done: Callable[[Any], bool]) -> Any:
+    """``status --json``'s interactive lane of ``model``, read again until ``done`` holds
+    (the next heartbeat carries the counts)."""
+    for _ in range(20):
+        code, out, err = await run_cli("status", "--json", "--broker", redis_url)
+        assert code == 0, err
+        lane = next(x for x in json.loads(out)["lanes"]
+                    if x["model"] == model and x["lane"] == "interactive")
+        if done(lane):
+            break
+        await asyncio.sleep(0.5)
+    return lane
+
+
 async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and_is_in_the_dlq(
         redis_url: str) -> None:
     poison_at = [3, 17, 40]
@@ -55,6 +71,12 @@ async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and
         finally:
             await ops.close()
         vitals = worker.vitals()
+        # each model's degraded share in `status` (and the console, which reads the same
+        # snapshot): 3 degraded of 64 terminal results; the heartbeat carries it
+        lane = await _status_lane(redis_url, "switch",
+                                  lambda x: x["degraded_rate"] == round(3 / 64, 4))
+    assert lane["degraded_rate"] == round(3 / 64, 4), lane
+    assert vitals["model_stats"]["switch"]["degraded"] == 3
     for i, r in enumerate(results[:60]):
         assert r.status == "succeeded", (i, r)
         if i in poison_at:
