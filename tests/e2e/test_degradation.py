@@ -220,6 +220,48 @@ async def test_breaker_2000_requests_while_open_are_all_answered_degraded_at_onc
     assert not any(r.degraded for r in later)
 
 
+async def test_degraded_answers_never_enter_output_statistics_and_are_the_versions_errors(
+        redis_url: str, tmp_path: Path) -> None:
+    """Issue 27 <- 26: a fallback's answer is not the model's. It never enters the version's
+    output statistics (``models outputs``) and counts as the version's error for the
+    rollout guard, under the ``error`` trigger and with the breaker open alike."""
+    from batchfleet.connectors.output_report import read_rows
+    from batchfleet.workers.middleware.output_stats import OutputStats
+    from batchfleet.workers.middleware.rollout_stats import VersionStats
+
+    broken = tmp_path / "broken"
+    async with running_worker(redis_url, handlers={"flaky": file_switched(str(broken))},
+                              models=("flaky",), max_attempts=1, breaker_failures=2,
+                              breaker_cooldown_s=120, stats_window_s=1,
+                              fallback=fallback("flaky=value:[0.5]"), **FAST) as worker, \
+            AsyncClient(redis_url) as client:
+        healthy = await client.wait_many(await client.submit_many("flaky", _rows(30)), 30)
+        assert not any(r.degraded for r in healthy)
+        broken.touch()
+        degraded = []
+        for i in range(50):  # failed requests answered degraded until the breaker opens
+            degraded += await client.wait_many(await client.submit_many(
+                "flaky", _rows(8, seed=i)), 30)
+            if worker.guards.model.trips:
+                break
+        assert worker.guards.model_states()["flaky"] == "open"
+        held = await client.wait_many(await client.submit_many("flaky", _rows(100, seed=77)),
+                                      30)
+        assert {r.degraded_reason for r in held} == {"breaker"}
+        degraded += held
+        assert all(r.status == "succeeded" and r.degraded for r in degraded)
+        assert {r.degraded_reason for r in degraded} == {"error", "breaker"}
+        await worker.find(OutputStats).flush()
+        await worker.find(VersionStats).flush()
+        plane = worker.context.plane
+        (row,) = await read_rows(plane, "flaky", 600)
+        stats = (await plane.rollout_stats.read_versions("flaky", ["default"]))["default"]
+    assert row.version == "default" and row.outputs.count == len(healthy)  # none degraded
+    stable = stats.role("stable")
+    assert stable.requests == len(healthy) + len(degraded)
+    assert stable.errors == len(degraded)  # each one the version's error, once
+
+
 @pytest.mark.parametrize(("flag", "says"), [
     ("demo-mlp=model:ghost", "--fallback demo-mlp=model:ghost: this worker does not hold"),
     ("demo-mlp=rules:no_such_mod:f", "cannot import 'no_such_mod'"),
