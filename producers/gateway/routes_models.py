@@ -20,6 +20,7 @@ from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.models import (
     ChangeIn,
     ErrorResponse,
+    Guard,
     ModelList,
     ModelOut,
     PolicyIn,
@@ -94,14 +95,13 @@ async def put_rollout(model: str, body: PolicyIn, gw: GatewayDep, key: KeyDep
     registered any; 422 says what is wrong, and nothing changes then. Admin keys only."""
     name = _admin(key, model)
     guard = None
-    if body.guard is not None:  # the thresholds HTTP sets; the CLI-only ones are kept
+    if body.guard is not None:
         record = await _rollouts(gw).registry.get(name)
-        guard = replace(record.policy.guard if record is not None else GuardThresholds(),
-                        error_points=body.guard.error_points,
-                        p99_ratio=body.guard.p99_ratio, min_window=body.guard.min_window)
+        guard = guard_from(body.guard,
+                           record.policy.guard if record is not None else GuardThresholds())
     done = await _rollouts(gw).set(name, stable=body.stable, canary=body.canary,
                                    percent=body.percent, shadow=body.shadow, guard=guard,
-                                   who=_who(key), why=body.why)
+                                   who=_who(key), why=body.why, force=body.force)
     return done.to_wire()
 
 
@@ -127,3 +127,15 @@ async def rollback(model: str, gw: GatewayDep, key: KeyDep, body: ChangeBody = N
     done = await _rollouts(gw).rollback(_admin(key, model), who=_who(key),
                                         why=body.why if body else "")
     return done.to_wire()
+
+
+def guard_from(given: Guard, old: GuardThresholds) -> GuardThresholds:
+    """The thresholds a PUT's ``guard`` sets (pure): each key it names, as given (0 or
+    null turns ``psi``, ``nan_points`` or ``agreement`` off); each it leaves out kept from
+    ``old``, as ``rollout set`` keeps a flag left out."""
+    named = given.model_fields_set
+    changes: dict[str, Any] = {k: getattr(given, k) for k in named}
+    for key in ("psi", "nan_points", "agreement"):
+        if key in named:
+            changes[key] = changes[key] or None
+    return replace(old, **changes)
