@@ -237,6 +237,8 @@ class FleetOut(BaseModel):
     lanes: list[dict[str, Any]] = Field(description="One per model and lane.")
     workers: list[dict[str, Any]] = Field(description="Live workers (fresh heartbeat).")
     totals: dict[str, Any]
+    paused: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Models an operator paused (`models pause`, the console): {at, who, why}."))
 
 
 class OutputSideOut(BaseModel):

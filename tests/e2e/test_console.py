@@ -291,3 +291,38 @@ async def test_the_gateway_mounts_the_console_behind_its_admin_keys(redis_url: s
                                    headers={"X-API-Key": "k-bill"})).status_code == 403
             shown = await http.get("/console/api/overview", headers={"X-API-Key": "k-root"})
             assert shown.status_code == 200 and shown.json()["namespace"] == "bf"
+
+
+async def test_the_cli_pauses_a_models_lanes_as_the_console_does_and_status_lists_it(
+        redis_url: str) -> None:
+    """``models pause MODEL --why`` sets the registry field the console's Pause sets: the
+    worker stops fetching that model, ``status`` lists it (who, why), the console shows it,
+    and ``models resume`` lets its held requests run."""
+    from tests.support.cli import run_cli
+
+    at = ("--broker", redis_url)
+    async with two_model_worker(redis_url) as worker, AsyncClient(redis_url) as client:
+        code, out, err = await run_cli("models", "pause", "poison", "--why", "bad upstream",
+                                       "--who", "alice", *at)
+        assert code == 0 and "lanes paused" in out, err
+        await until(lambda: worker.vitals()["operator_paused"], lambda p: p == ["poison"])
+        await until(worker.metrics.lane_pause_counts, lambda c: c.get("poison") == 1)
+        held = await client.submit_many("poison", ROWS[:3])
+        await asyncio.sleep(1.0)  # fetch rounds: none may take the paused lane
+        assert {(await client.get(rid)).status for rid in held} == {"pending"}  # type: ignore[union-attr]
+        status = await asyncio.to_thread(_status_json, redis_url)
+        assert set(status["paused"]) == {"poison"}
+        assert status["paused"]["poison"]["who"] == "alice"
+        assert status["paused"]["poison"]["why"] == "bad upstream"
+        code, table, err = await run_cli("status", "--once", *at)
+        assert code == 0 and "poison: lanes paused by alice" in table, err
+        with live_console(ConsoleSettings(broker=redis_url)) as base:
+            async with httpx.AsyncClient(timeout=30) as http:
+                row = _model((await http.get(base + "api/overview")).json(), "poison")
+        assert row["paused"]["who"] == "alice"
+        code, out, err = await run_cli("models", "resume", "poison", *at)
+        assert code == 0 and "lanes resumed" in out, err
+        assert {r.status for r in await client.wait_many(held, timeout=30)} == {"succeeded"}
+        code, _, err = await run_cli("models", "pause", "nope", *at)
+    assert code == 1 and "not in the registry" in err
+    assert (await asyncio.to_thread(_status_json, redis_url))["paused"] == {}

@@ -99,6 +99,31 @@ async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and
     assert vitals["degraded"] == {"switch:error": 3}
 
 
+async def test_the_cli_submit_degrade_never_fails_closed_and_allow_takes_the_fallback(
+        redis_url: str) -> None:
+    """``batchfleet submit --degrade never|allow`` (the SDK's ``degrade=``)."""
+    row = json.dumps(_rows(1, [0])[0].tolist())
+    at = ("--broker", redis_url, "-m", "switch", "--inputs", row, "--dtype", "float32",
+          "--wait", "30", "--json")
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",), max_attempts=1,
+                              fallback=fallback("switch=value:[0.25]"), **FAST):
+        never = await run_cli("submit", *at, "--degrade", "never")
+        allow = await run_cli("submit", *at)
+        bad = await run_cli("submit", *at, "--degrade", "sometimes")
+    code, out, err = never
+    assert code == 1, (out, err)
+    body = json.loads(out)
+    assert body["status"] == "failed" and body["error"]["type"] == "unavailable"
+    assert "degrade=never" in body["error"]["message"]
+    code, out, err = allow
+    assert code == 0, (out, err)
+    body = json.loads(out)
+    assert body["status"] == "succeeded" and body["degraded"] is True
+    assert body["outputs"] == [0.25]
+    assert bad[0] == 2 and "--degrade 'sometimes'" in bad[2]
+
+
 async def test_error_rules_and_model_steps_answer_in_order_and_a_failing_step_passes_on(
         redis_url: str) -> None:
     handlers = {"switch": switchable(Switchable()), "backup": demo_mlp()}
