@@ -305,6 +305,9 @@ async def test_the_worker_refuses_a_chain_it_cannot_run_in_one_line(
 
 async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails_closed(
         redis_url: str, tmp_path: Path) -> None:
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+
     from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, run_job
     from tests.support.bulk_main import read_jsonl, write_jsonl
 
@@ -318,6 +321,30 @@ async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails
         never_spec = JobSpec.create("dg-2", "switch", tmp_path / "in.jsonl",
                                     tmp_path / "never.jsonl")
         never = await run_job(never_spec, Endpoints(redis_url), tuning=Tuning(degrade="never"))
+        # Parquet rows carry the same marks, as columns (null where not degraded)
+        pq.write_table(pa.table({"inputs": pa.array(x.tolist(), type=pa.list_(pa.float32()))}),
+                       tmp_path / "in.parquet")
+        pq_spec = JobSpec.create("dg-3", "switch", tmp_path / "in.parquet",
+                                 tmp_path / "out.parquet")
+        closed = await run_job(pq_spec, Endpoints(redis_url), tuning=Tuning(degrade="never"))
+        assert closed.failed == 2
+        before = pq.read_table(tmp_path / "out.parquet").to_pylist()
+        assert [r["row"] for r in before if r["status"] == "failed"] == [5, 30]
+        assert not any(r["degraded"] for r in before)
+        # --retry-failed rewrites the failed rows in place, the marks with them
+        marked = await run_job(pq_spec, Endpoints(redis_url), retry_failed=True)
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert marked.failed == 0 and len(table) == 40
+    for row in table:
+        if row["row"] in (5, 30):
+            assert row["degraded"] is True and row["degraded_reason"] == "error"
+            assert row["fallback"] == "value" and row["outputs"] == [0.5]
+            assert row["degraded_error"]["type"] == "model_error"
+            assert row["degraded_error"]["retryable"] is True
+        else:
+            assert row["status"] == "succeeded" and row["degraded"] is False
+            assert (row["degraded_reason"], row["fallback"], row["degraded_error"]) == (
+                None, None, None)
     out = read_jsonl(tmp_path / "out.jsonl")
     assert allow.succeeded == 40 and allow.degraded == 2 and allow.failed == 0
     for row in out:
