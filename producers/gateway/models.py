@@ -184,6 +184,12 @@ class ChangeIn(BaseModel):
     why: str = Field("", max_length=1000, description="Kept in the policy history.")
 
 
+class PromoteIn(ChangeIn):
+    force: bool = Field(False, description=(
+        "Go ahead though the canary's recorded shadow agreement is below the guard's "
+        "`agreement`."))
+
+
 class PolicyChangeOut(BaseModel):
     at: float
     who: str

@@ -25,6 +25,7 @@ from batchfleet.producers.gateway.models import (
     ModelOut,
     PolicyIn,
     PolicyOut,
+    PromoteIn,
     RolloutOut,
 )
 from batchfleet.producers.gateway.routes import Gateway, GatewayDep, KeyDep
@@ -110,11 +111,13 @@ ChangeBody = Annotated[ChangeIn | None, Body()]
 
 @models.post("/models/{model}/rollout/promote", response_model=PolicyOut,
              responses=_READ_ERRORS)
-async def promote(model: str, gw: GatewayDep, key: KeyDep, body: ChangeBody = None
-                  ) -> dict[str, Any]:
-    """The canary becomes stable (422 when there is none). Admin keys only."""
+async def promote(model: str, gw: GatewayDep, key: KeyDep,
+                  body: Annotated[PromoteIn | None, Body()] = None) -> dict[str, Any]:
+    """The canary becomes stable (422 when there is none, or when its recorded shadow
+    agreement is below the guard's ``agreement`` without ``force``). Admin keys only."""
     done: RolloutPolicy = await _rollouts(gw).promote(
-        _admin(key, model), who=_who(key), why=body.why if body else "")
+        _admin(key, model), who=_who(key), why=body.why if body else "",
+        force=body.force if body else False)
     return done.to_wire()
 
 

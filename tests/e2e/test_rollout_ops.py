@@ -220,7 +220,7 @@ async def test_an_http_guard_body_sets_the_output_thresholds_and_force_passes_th
     """``PUT …/rollout``: a ``guard`` object sets each threshold it names (0 turns ``psi``,
     ``nan_points`` or ``agreement`` off) and keeps those it leaves out; the answer
     carries them. A canary whose recorded shadow agreement is below ``agreement`` is
-    refused (422, nothing changes) unless ``force``."""
+    refused (422, nothing changes) unless ``force``, and so is its promotion."""
     await _rollout(redis_url, "set", "demo-mlp", "--stable", "default", "--guard-psi", "0.2",
                    "--guard-nan-points", "1", "--guard-agreement", "0.9")
     url, admin = "/v1/models/demo-mlp/rollout", {"X-API-Key": ADMIN}
@@ -253,12 +253,20 @@ async def test_an_http_guard_body_sets_the_output_thresholds_and_force_passes_th
             forced = await http.put(url, headers=admin, json={**body, "force": True})
             assert forced.status_code == 200, forced.text
             assert forced.json()["canary"] == "v2"
+            promote = f"{url}/promote"
+            refused = await http.post(promote, headers=admin, json={"why": "ship"})
+            assert refused.status_code == 422, refused.text
+            assert "refusing to promote 'v2'" in refused.json()["error"]["message"]
+            promoted = await http.post(promote, headers=admin,
+                                       json={"why": "ship", "force": True})
+            assert promoted.status_code == 200 and promoted.json()["stable"] == "v2"
             assert forced.json()["guard"] == {"error_points": 3.0, "p99_ratio": 4.0,
                                               "min_window": 100, "psi": 0.3,
                                               "nan_points": None, "agreement": 0.8}
-    guard = (await registry.get_policy("demo-mlp")).guard
-    assert guard.to_wire() == {"error_points": 3.0, "p99_ratio": 4.0, "min_window": 100,
-                               "psi": 0.3, "agreement": 0.8}
+    policy = await registry.get_policy("demo-mlp")
+    assert policy.stable == "v2" and policy.guard.to_wire() == {
+        "error_points": 3.0, "p99_ratio": 4.0, "min_window": 100, "psi": 0.3,
+        "agreement": 0.8}
 
 
 async def test_http_rollout_needs_an_admin_key(registry: RedisModelRegistry,
