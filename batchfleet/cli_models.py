@@ -1,5 +1,5 @@
-"""``batchfleet models declare | list | show | undeclare | check``: the model registry by
-hand, and a model tried locally (``check``: ``cli_models_check``).
+"""``batchfleet models declare | list | show | undeclare | check | pause | resume``: the
+model registry by hand, and a model tried locally (``check``: ``cli_models_check``).
 
 Declaring a model before any worker serves it lets producers submit to it at
 once (the requests wait in its lane), and gives submits an input spec to be
@@ -240,3 +240,44 @@ from batchfleet.cli_models_outputs import baseline, outputs  # noqa: E402
 
 models_app.command()(baseline)
 models_app.command()(outputs)
+
+WhoOpt = Annotated[str | None, typer.Option(
+    "--who", envvar="BATCHFLEET_WHO", help="Who paused: shown by `status` and the console. "
+    "Default: user@host.")]
+
+
+@models_app.command()
+def pause(name: NameArg, broker: BrokerOpt,
+          why: Annotated[str, typer.Option(
+              "--why", help="Why: shown by `status` and the console while paused.")] = "",
+          who: WhoOpt = None, results: ResultsOpt = None,
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
+    """Pause a model's lanes: every worker stops fetching them within about a second (as
+    an open breaker does); its requests wait in the queue, those already fetched finish.
+    The same flag as the console's Pause; `status` lists paused models.
+
+    Examples:
+
+        batchfleet models pause fraud --why "feature store outage" --broker redis://localhost:6379/0
+
+        batchfleet models resume fraud
+    """
+    from batchfleet.connectors.rollout import default_who
+    from batchfleet.schemas.registry import Pause
+
+    _run(broker, results, namespace, lambda registry: registry.set_paused(
+        name, Pause(time.time(), who or default_who(), why)))
+    typer.echo(f"{name}: lanes paused (`batchfleet models resume {name}` resumes them)")
+
+
+@models_app.command()
+def resume(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
+           namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
+    """Resume a model's paused lanes: workers fetch them again within about a second.
+
+    Example:
+
+        batchfleet models resume fraud --broker redis://localhost:6379/0
+    """
+    _run(broker, results, namespace, lambda registry: registry.set_paused(name, None))
+    typer.echo(f"{name}: lanes resumed")

@@ -25,6 +25,7 @@ from batchfleet.connectors.fleet import (
     summarize,
 )
 from batchfleet.output import human_time
+from batchfleet.schemas.registry import Pause
 
 __all__ = ["FleetSnapshot", "LaneView", "StreamStats", "WorkerView",
            "lanes_table", "parse_heartbeat", "render", "summarize", "workers_table"]
@@ -148,10 +149,21 @@ def workers_table(snap: FleetSnapshot, *, wide: bool = False,
     return table
 
 
-def render(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Group:
-    """The lanes table, then the workers table (omitted while no worker is alive)."""
+def paused_lines(paused: Mapping[str, Pause]) -> list[Text]:
+    """One line per model an operator paused (``models pause``, the console): who, when,
+    why; its requests wait in its lanes until ``models resume``."""
+    return [Text(f"{model}: lanes paused by {p.who} at {human_time(p.at)}"
+                 + (f": {p.why}" if p.why else ""), style="bold yellow")
+            for model, p in sorted(paused.items())]
+
+
+def render(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False,
+           paused: Mapping[str, Pause] | None = None) -> Group:
+    """The lanes table, the paused models, then the workers table (omitted while no
+    worker is alive)."""
     lanes = lanes_table(snap, wide=wide, no_headers=no_headers)
+    notes = [] if no_headers else paused_lines(paused or {})
     if not snap.workers:  # said in words, except to scripts (their rows are the lanes)
-        return Group(lanes, *(() if no_headers else (Text("no live workers",
-                                                          style="bold red"),)))
-    return Group(lanes, workers_table(snap, wide=wide, no_headers=no_headers))
+        return Group(lanes, *notes, *(() if no_headers else (Text("no live workers",
+                                                                  style="bold red"),)))
+    return Group(lanes, *notes, workers_table(snap, wide=wide, no_headers=no_headers))

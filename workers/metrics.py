@@ -172,6 +172,10 @@ class WorkerMetrics:
         self._model_done: dict[str, int] = {}
         self._model_rate: dict[str, float] = {}
         self._model_counts: dict[str, dict[str, int]] = {}
+        #: Degraded answers written per model, for the models with a fallback chain only
+        #: (``watch_degraded``): a model without one reports no count, so ``status`` shows
+        #: "—" for it rather than a 0% that would read as "a chain that never answered".
+        self._model_degraded: dict[str, int] = {}
 
 
     def _rollout_and_cache(self, r: CollectorRegistry) -> None:
@@ -235,9 +239,22 @@ class WorkerMetrics:
 
     def model_stats(self) -> dict[str, dict[str, float]]:
         """Per model: its own req/s (moving average, as ``throughput_rps``) and its counters
-        since start: batches and rows computed, terminal writes by status."""
-        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts}
+        since start: batches and rows computed, terminal writes by status, and ``degraded``
+        (of ``succeeded``) for a model with a fallback chain."""
+        degraded = self._model_degraded
+        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts,
+                        **({"degraded": degraded[model]} if model in degraded else {})}
                 for model, counts in sorted(self._model_counts.items())}
+
+    def watch_degraded(self, models: Iterable[str]) -> None:
+        """Report a ``degraded`` count (from 0) in these models' ``model_stats``."""
+        for model in models:
+            self._model_degraded.setdefault(model, 0)
+
+    def on_degraded(self, model: str, reason: str, fallback: str | None) -> None:
+        """One degraded answer written (first write only)."""
+        self.degraded.labels(model, reason, fallback).inc()
+        self._model_degraded[model] = self._model_degraded.get(model, 0) + 1
 
     def on_lanes_paused(self, models: Iterable[str]) -> None:
         for model in models:
