@@ -203,6 +203,8 @@ async def test_a_version_is_not_reported_loaded_before_its_warm_up_ran(
         assert (f'batchfleet_model_cold_start_seconds_count{{model="w",phase="{phase}",'
                 f'version="default"}} 1.0') in metrics
     assert 'batchfleet_model_loads_total{model="w",version="default"} 1.0' in metrics
+    assert 'batchfleet_model_loaded{model="w",version="default"} 1.0' in metrics
+    assert 'batchfleet_worker_up{model="w"} 1.0' in metrics
 
 
 def _version(repo: Path, model: str, version: str, scale: float, ready: bool = True) -> None:
