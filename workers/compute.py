@@ -173,7 +173,7 @@ class ComputeThread:
         return built
 
     async def swap(self, slot: str, make: Callable[[], ModelHandler], tag: str, source: str,
-                   warmup_sizes: Sequence[int]) -> Built | None:
+                   warmup_sizes: Sequence[int], sample: str = "") -> Built | None:
         """Serve a new version of a ``ResidentHandler`` (``make`` builds it): where one is
         loaded, the new one is built and warmed up on the loader thread and takes over on
         the compute thread between two batches (the old one's batches finish on it);
@@ -185,13 +185,13 @@ class ComputeThread:
             self._loader = _pool(f"{THREAD_PREFIX}-loader")
         if not handler.resident:
             probe = await loop.run_in_executor(self._loader, make)
-            handler.retarget(make, tag, source, probe)
+            handler.retarget(make, tag, source, probe, sample)
             return None
         built = await loop.run_in_executor(self._loader, handler.build, self.device,
-                                           warmup_sizes, make)
+                                           warmup_sizes, make, sample)
 
         def attach() -> None:
-            handler.retarget(make, tag, source)
+            handler.retarget(make, tag, source, sample=sample)
             handler.attach(built.handler)
         await loop.run_in_executor(self._executor, attach)
         return built

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from batchfleet.connectors import open_control_plane
@@ -217,6 +218,7 @@ def _version(repo: Path, model: str, version: str, scale: float, ready: bool = T
     with torch.no_grad():
         linear.weight.fill_(scale)
     torch.jit.save(torch.jit.script(linear), str(folder / "model.pt"))
+    np.save(folder / "sample.npy", np.ones(4, np.float32))  # model.toml's warmup_sample
     if ready:
         (folder / "READY").write_text("")
     else:  # half-written: the weights cut short, as a copy in progress leaves them
@@ -241,7 +243,8 @@ async def test_a_repository_serves_new_versions_without_a_restart_and_drains_rem
     repo = tmp_path / "repo"
     (repo / "lin").mkdir(parents=True)
     (repo / "lin" / "model.toml").write_text(
-        'weights = "model.pt"\ninput_spec = "float32[4]"\ncache_ttl_s = 0\n')
+        'weights = "model.pt"\nwarmup_sample = "sample.npy"\ninput_spec = "float32[4]"\n'
+        'cache_ttl_s = 0\n')
     _version(repo, "lin", "1", 1.0)
     ns = "repo1"
     async with AsyncClient(redis_url, namespace=ns, check_model=False) as client, \

@@ -70,3 +70,33 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
     finally:
         compute.shutdown()
         await asyncio.sleep(0)
+
+
+def test_warm_up_runs_on_the_repository_sample_when_there_is_one(tmp_path: object) -> None:
+    """A ``warmup_sample`` (one request's inputs, ``numpy.save``d) is what the warm-up
+    batches are made of; without one, zeros of the input spec."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from batchfleet.schemas.tensor_spec import TensorSpec
+    from batchfleet.workers.models.handler import TorchModuleHandler
+
+    seen: list[float] = []
+
+    class Record(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(float(x.sum()))
+            return x.sum(dim=1, keepdim=True)
+
+    def make() -> TorchModuleHandler:
+        return TorchModuleHandler("r", Record(), input_spec=TensorSpec("float32", (3,)))
+
+    sample = Path(str(tmp_path)) / "sample.npy"
+    np.save(sample, np.full(3, 2.0, np.float32))
+    handler = ResidentHandler("r", make, sample=str(sample))  # type: ignore[arg-type]
+    handler.build(torch.device("cpu"), (1, 4))
+    assert seen == [6.0, 24.0]
+    seen.clear()
+    ResidentHandler("r", make).build(torch.device("cpu"), (2,))  # type: ignore[arg-type]
+    assert seen == [0.0]

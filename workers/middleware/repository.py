@@ -101,11 +101,13 @@ class RepositoryWatch(Middleware):
         ctx, repo = self._ctx, self._repo
         assert ctx is not None and repo is not None
         previous = handler.tag
-        make, source = await asyncio.to_thread(version_maker, self._s, repo,
-                                               snapshot.models[model], version)
+        found = await asyncio.to_thread(version_maker, self._s, repo, snapshot.models[model],
+                                        version)
+        source = found.source
         try:
-            await ctx.compute.swap(model_versions.version_lane(model, DEFAULT_LABEL), make,
-                                   version, source, warmup_sizes(self._s.max_batch_size))
+            await ctx.compute.swap(model_versions.version_lane(model, DEFAULT_LABEL),
+                                   found.make, version, source,
+                                   warmup_sizes(self._s.max_batch_size), found.sample)
         except Exception as exc:  # user code or a bad file: the old version keeps serving
             log.error("cannot load a new model version; the old one keeps serving",
                       model=model, version=version, serving=previous,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from batchfleet.schemas.errors import ModelNotLoadedError
@@ -43,8 +44,10 @@ class ResidentHandler:
     """A version whose real handler comes and goes (see the module docstring)."""
 
     def __init__(self, name: str, make: Callable[[], ModelHandler], *, keep: bool = False,
-                 tag: str = "", source: str = "") -> None:
+                 tag: str = "", source: str = "", sample: str = "") -> None:
         self.name = name
+        #: A ``.npy`` file holding one request's inputs to warm up with ("": zeros).
+        self.sample = sample
         #: The repository version folder it serves ("" for a ``--model`` spec), and where
         #: it comes from (``batchfleet models list``).
         self.tag, self.source = tag, source
@@ -64,12 +67,18 @@ class ResidentHandler:
     def _versioned(self, handler: ModelHandler) -> str:
         return f"{self.tag}/{handler.version}" if self.tag else handler.version
 
+    def warmup_sample(self, path: str | None = None) -> Tensors | None:
+        """The repository's warm-up sample (``path``, default its own): one request's
+        inputs, as ``numpy.save`` wrote them (None: none given)."""
+        path = self.sample if path is None else path
+        return np.load(path, allow_pickle=False) if path else None
+
     def retarget(self, make: Callable[[], ModelHandler], tag: str, source: str,
-                 probe: ModelHandler | None = None) -> None:
+                 probe: ModelHandler | None = None, sample: str = "") -> None:
         """Build from ``make`` from now on (a new repository version); what is loaded
         stays until the compute thread attaches the new build (:meth:`attach`). ``probe``
         (a build of it, not kept) says its version while it is not loaded."""
-        self._make, self.tag, self.source = make, tag, source
+        self._make, self.tag, self.source, self.sample = make, tag, source, sample
         if probe is not None:
             self.version = self._versioned(probe)
             self.input_spec = probe.input_spec or self.input_spec
@@ -83,9 +92,11 @@ class ResidentHandler:
         return self._inner is not None and preprocess_on_device(self._inner)
 
     def build(self, device: torch.device, warmup_sizes: Sequence[int],
-              make: Callable[[], ModelHandler] | None = None) -> Built:
+              make: Callable[[], ModelHandler] | None = None,
+              sample: str | None = None) -> Built:
         """A fresh handler (from ``make``, default its own), set up on ``device`` and run
-        at ``warmup_sizes`` (the batch sizes it will run), so the first request pays for
+        at ``warmup_sizes`` (the batch sizes it will run) on its warm-up sample (``sample``,
+        default its own; none: zeros of its input spec), so the first request pays for
         neither; on a loader thread."""
         cuda = device.type == "cuda"
         before = torch.cuda.memory_allocated(device) if cuda else 0
@@ -95,10 +106,12 @@ class ResidentHandler:
             handler.input_spec = self.input_spec  # adopted from ``models declare``
         handler.setup(device)
         loaded = time.perf_counter()
-        spec = handler.input_spec
-        if spec is not None:
+        row = self.warmup_sample(sample)
+        if row is None and handler.input_spec is not None:
+            row = handler.input_spec.zeros()
+        if row is not None:
             for size in warmup_sizes:
-                rows = [spec.zeros()] * size
+                rows = [row] * size
                 handler.postprocess(handler.predict(handler.preprocess(rows)), size)
         if cuda:
             torch.cuda.synchronize(device)

@@ -18,8 +18,9 @@ starts with ``.`` or ``_`` is ignored. The served version is the highest complet
 
 ``model.toml`` says where the weights are (``weights``: a TorchScript, ``torch.export``
 or ONNX file in each version folder) or which code builds the model (``handler``: a
-``module:factory`` imported as on ``--model``, or a built-in such as ``demo-mlp``), and
-may set any per-model setting of the worker by its name (``input_spec``,
+``module:factory`` imported as on ``--model``, or a built-in such as ``demo-mlp``), may
+name a ``warmup_sample`` (one request's inputs, ``numpy.save``d in each version folder),
+and may set any per-model setting of the worker by its name (``input_spec``,
 ``latency_slo_ms``, ``cache_ttl_s``, ``runtime``, ...; :func:`setting_keys`). A
 command-line entry for the model (``--cache-ttl-s textclf=0``) wins over the file; the
 file wins over a flag given for every model.
@@ -51,7 +52,7 @@ from batchfleet.workers.settings import WorkerSettings
 READY = "READY"
 MODEL_TOML = "model.toml"
 #: Keys of ``model.toml`` that are not per-model settings.
-SOURCE_KEYS = ("weights", "handler")
+SOURCE_KEYS = ("weights", "handler", "warmup_sample")
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,17 +273,28 @@ def load_all(s: WorkerSettings) -> dict[str, dict[str, ModelHandler]]:
         if entry is None or entry.latest is None:
             raise ConfigError(f"model {name!r}: no complete version in {repo.url} (a version "
                               f"folder is complete once it holds {READY})")
-        make, source = version_maker(s, repo, entry, entry.latest)
+        found = version_maker(s, repo, entry, entry.latest)
         versions[name] = {DEFAULT_LABEL: ResidentHandler(
-            name, make, keep=not s.on_demand, tag=entry.latest, source=source)}
+            name, found.make, keep=not s.on_demand, tag=entry.latest, source=found.source,
+            sample=found.sample)}
     return versions
 
 
+@dataclass(frozen=True, slots=True)
+class VersionSource:
+    """What builds one version's handler (as ``--model NAME=SOURCE`` would), where it
+    comes from, and its warm-up sample file ("": none)."""
+
+    make: Callable[[], ModelHandler]
+    source: str
+    sample: str = ""
+
+
 def version_maker(s: WorkerSettings, repo: Repository, entry: ModelEntry,
-                  version: str) -> tuple[Callable[[], ModelHandler], str]:
-    """What builds one version's handler (as ``--model NAME=SOURCE`` would), and where
-    it comes from."""
-    source = source_of(entry, repo.local_version(entry.name, version))
-    make = partial(load_model, f"{entry.name}={source}", s.max_batch_size,
+                  version: str) -> VersionSource:
+    folder = repo.local_version(entry.name, version)
+    make = partial(load_model, f"{entry.name}={source_of(entry, folder)}", s.max_batch_size,
                    s.runtime_for(entry.name), s.input_spec_for(entry.name))
-    return make, f"{repo.url.rstrip('/')}/{entry.name}/{version}"
+    sample = entry.config.get("warmup_sample")
+    return VersionSource(make, f"{repo.url.rstrip('/')}/{entry.name}/{version}",
+                         f"{folder}/{sample}" if sample else "")
