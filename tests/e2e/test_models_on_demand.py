@@ -418,3 +418,35 @@ async def test_a_memory_budget_holds_what_fits(redis_url: str) -> None:
             assert all(r.status == "succeeded" and r.attempts == 1 for r in waiting.result())
     assert most == 1 and residency.loads == 3 and residency.evictions == 2
     assert 0.005 < residency.memory_mb["a"] < 0.015
+
+
+async def test_a_load_never_stalls_another_models_batches(
+        redis_url: str, tmp_path: Path) -> None:
+    """While one model warms up (0.7 s a warm-up batch, on the loader thread), another
+    loaded model's requests are computed and answered: the load is still under way when
+    they come back."""
+    from batchfleet.schemas.per_model import PerModel
+    from batchfleet.workers.middleware.residency import ModelResidency
+    from tests.support.transports import make_fleet
+
+    (tmp_path / "slowmod").mkdir()
+    (tmp_path / "slowmod" / "__init__.py").write_text(SLOW_WARMUP)
+    fleet = make_fleet("redis", redis_url, None)
+    async with fleet.client(check_model=False) as client, fleet.worker(
+            models=("a=demo-mlp", "w=slowmod:build"), max_loaded_models=2,
+            input_spec=PerModel("", ((("w", None), "float32[4]"),)), app_dir=str(tmp_path),
+            webhooks=False) as worker:
+        residency = worker.find(ModelResidency)
+        first = await client.wait(await client.submit("a", [0.5] * 10), timeout=60)
+        assert first.status == "succeeded"
+        slow = await client.submit("w", [1.0] * 4)
+        for _ in range(1200):  # liveness bound only
+            if residency.loading == "w":
+                break
+            await asyncio.sleep(0.01)
+        assert residency.loading == "w"
+        during = await client.wait_many(
+            [await client.submit("a", [float(i)] * 10) for i in range(5)], timeout=60)
+        assert residency.loading == "w", "the load finished first: nothing was shown"
+        assert all(r.status == "succeeded" for r in during)
+        assert (await client.wait(slow, timeout=60)).status == "succeeded"
