@@ -67,6 +67,14 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
         assert handler.version.startswith("2/sha256:") and handler.source == "repo/m/2"
         await compute.unload(["m@default"])
         assert not handler.resident
+        # a new version of a model that is not loaded: only its version is learnt; the
+        # next load builds it
+        await compute.swap("m@default", partial(load_model, "m=demo-mlp:seed=6"), "3",
+                           "repo/m/3", (1,))
+        assert not handler.resident and handler.version.startswith("3/sha256:")
+        third = handler.version
+        await compute.load(["m@default"], (1,))
+        assert handler.resident and handler.version == third
     finally:
         compute.shutdown()
         await asyncio.sleep(0)
