@@ -450,3 +450,25 @@ async def test_a_load_never_stalls_another_models_batches(
         assert residency.loading == "w", "the load finished first: nothing was shown"
         assert all(r.status == "succeeded" for r in during)
         assert (await client.wait(slow, timeout=60)).status == "succeeded"
+
+
+async def test_a_repository_with_more_models_than_fit(redis_url: str, tmp_path: Path) -> None:
+    """The repository's models loaded on demand: two models, room for one, traffic
+    alternating; a version added to the model not loaded is what its next load serves."""
+    repo = tmp_path / "repo"
+    for model in ("p", "q"):
+        (repo / model).mkdir(parents=True)
+        (repo / model / "model.toml").write_text('weights = "model.pt"\n'
+                                                 'input_spec = "float32[4]"\n')
+        _version(repo, model, "1", 1.0)
+    ns = "repo-ondemand"
+    async with AsyncClient(redis_url, namespace=ns, check_model=False) as client, \
+            _worker(redis_url, ns, "--model-repository", str(repo), "--repository-poll-s",
+                    "0.2", "--max-loaded-models", "1", "--min-residency-s", "0.2") as lines:
+        assert await _served(client, "p") == ("1", 4.0)
+        assert await _served(client, "q") == ("1", 4.0)  # p evicted for it
+        _version(repo, "p", "2", 2.0)
+        await asyncio.sleep(1.0)  # a few polls: learnt while p is not loaded
+        assert await _served(client, "p") == ("2", 8.0)
+        assert await _served(client, "q") == ("1", 4.0)
+    assert len(_events(lines, "model evicted")) >= 2
