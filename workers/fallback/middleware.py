@@ -108,6 +108,8 @@ class Degrade(Middleware):
                 runner.lookup = cache_lookup(ctx.plane.result_cache, model,
                                              self._scope_of(model, next(iter(versions[model]))))
             self.runners[model] = runner
+        if self._metrics is not None:  # each model's degraded share in `status`
+            self._metrics.watch_degraded(self.chains)
         self._versions = ctx.find(VersionStats)
         self._in_flight = ctx.in_flight
         breakers = ctx.find(Breakers)
@@ -282,8 +284,8 @@ class Degrade(Middleware):
             key = f"{result.model}:{result.degraded_reason}"
             self.counts[key] = self.counts.get(key, 0) + 1
             if self._metrics is not None:
-                self._metrics.degraded.labels(result.model, result.degraded_reason,
-                                              result.fallback).inc()
+                self._metrics.on_degraded(result.model, result.degraded_reason or "",
+                                          result.fallback)
 
     def vitals(self) -> dict[str, Any]:
         """``degraded`` (counts per model and reason) and ``degraded_rps`` (the column

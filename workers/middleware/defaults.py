@@ -21,7 +21,9 @@ from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.quarantine import Quarantine
+from batchfleet.workers.middleware.repository import repository_watch
 from batchfleet.workers.middleware.request_log import RequestLog
+from batchfleet.workers.middleware.residency import model_residency
 from batchfleet.workers.middleware.result_cache import result_cache
 from batchfleet.workers.middleware.rollout_guard import RolloutGuard
 from batchfleet.workers.middleware.rollout_stats import PolicyCache, VersionStats
@@ -61,7 +63,8 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
                                  shed_after_ms={m: s.shed_after_ms.for_model(m)
                                                 for m in served},
                                  max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms),
-              Breakers(guards), OperatorPauses(),
+              Breakers(guards), OperatorPauses(), *model_residency(s, metrics),
+              *repository_watch(s),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               # after Routing (key: version)
