@@ -20,6 +20,7 @@ from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
+from batchfleet.workers.middleware.pipelines import PipelineAdvance
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.request_log import RequestLog
 from batchfleet.workers.middleware.result_cache import result_cache
@@ -69,7 +70,8 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
                             fallback=frozenset(m for m, c in chains.items()
                                                if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
-              Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
+              Metrics(metrics, guards, s.sample_every_s), RequestLog(), PipelineAdvance(),
+              HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
     versions = VersionStats(metrics, policies)

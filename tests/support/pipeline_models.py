@@ -1,0 +1,19 @@
+"""Small seeded models for pipeline tests: chains of them compose locally to compare with."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from batchfleet.workers.models import TensorSpec, TorchModuleHandler
+
+
+def build_mix(seed: int = 7) -> nn.Module:
+    """float32[10] -> float32[10]: a seeded Linear then tanh, so chains stay in range."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(10, 10), nn.Tanh()).eval()
+
+
+def mix() -> TorchModuleHandler:
+    return TorchModuleHandler("mix", build_mix(), input_spec=TensorSpec("float32", (10,)))

@@ -1,0 +1,127 @@
+"""Pipeline hand-off: a step's terminal result enqueues the next step, or answers the caller.
+
+The worker loop knows nothing of pipelines. A step is an ordinary request on its
+model's lane whose envelope carries a ``pipeline`` key; this middleware's
+``before_terminal`` hook sees its answer before the result is written and, through
+``schemas.pipeline_flow.advance``, publishes the successor steps' requests or writes
+the caller's terminal result (first-terminal-wins). Because that happens before the
+step's own write, and the write before the ack, a crash anywhere re-runs the hand-off on
+redelivery; every message and result it makes is keyed by (request ID, step), so the
+store keeps one of each (docs/pipelines.md, "Exactly once").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from batchfleet.connectors.broker import OutboundMessage, Publisher
+from batchfleet.connectors.control_plane import StoreResults
+from batchfleet.connectors.pipelines import PipelineRegistry
+from batchfleet.connectors.values import TerminalWrite
+from batchfleet.schemas.envelopes import (
+    ErrorInfo,
+    Request,
+    Result,
+    decode_request,
+    encode_request,
+    encode_result,
+)
+from batchfleet.schemas.errors import SchemaError
+from batchfleet.schemas.pipeline import Pipeline
+from batchfleet.schemas.pipeline_flow import Advance, advance, step_record
+from batchfleet.workers.jobs import Answer
+from batchfleet.workers.middleware.base import Middleware
+
+if TYPE_CHECKING:
+    from batchfleet.workers.context import WorkerContext
+
+log = structlog.get_logger("batchfleet.pipelines")
+
+#: How long a pipeline's record is trusted before it is read again.
+RECORD_TTL_S = 5.0
+
+
+def step_of(answer: Answer) -> Request | None:
+    """The step's request behind an answer, or None for an ordinary request. Step IDs
+    always hold ``:``, so most answers are passed over without a decode."""
+    if ":" not in answer.result.request_id or b"pipeline" not in answer.delivery.payload:
+        return None
+    try:
+        request = decode_request(answer.delivery.payload)
+    except SchemaError:
+        return None  # answered as undecodable already: no context to follow
+    return request if request.pipeline is not None else None
+
+
+class PipelineAdvance(Middleware):
+    """Hands each finished step on (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._publisher: Publisher | None = None
+        self._store: StoreResults | None = None
+        self._registry: PipelineRegistry | None = None
+        self._records: dict[str, tuple[float, Pipeline | None]] = {}
+
+    async def on_start(self, ctx: WorkerContext) -> None:
+        self._publisher, self._store = ctx.publisher, ctx.store
+        self._registry = ctx.plane.pipelines
+
+    async def before_terminal(self, answers: Sequence[Answer]) -> None:
+        steps = [(a, r) for a in answers if (r := step_of(a)) is not None]
+        if not steps or self._publisher is None or self._store is None:
+            return
+        now = time.time()
+        outbound: list[OutboundMessage] = []
+        finals: list[tuple[Request, Result]] = []
+        for answer, request in steps:
+            nxt = await self._advance(request, answer.result, now)
+            outbound += [OutboundMessage(r.model, r.lane, r.request_id, encode_request(r),
+                                         r.traceparent) for r in nxt.requests]
+            if nxt.final is not None:
+                finals.append((request, nxt.final))
+        if outbound:
+            await self._publisher.publish(outbound)
+        if finals:
+            await self._store.write_terminal([_terminal(req, res) for req, res in finals])
+
+    async def _advance(self, request: Request, result: Result, now: float) -> Advance:
+        ctx = request.pipeline or {}
+        name = str(ctx.get("name"))
+        pipeline = await self._pipeline(name)
+        try:
+            if pipeline is None:
+                raise SchemaError(f"pipeline {name!r} is no longer declared")
+            return advance(pipeline, request, result, now)
+        except SchemaError as exc:  # an edge that does not fit, a pipeline removed
+            log.warning("pipeline step cannot be handed on", request_id=ctx.get("id"),
+                        step=ctx.get("step"), error=str(exc))
+            done = [*ctx.get("done", []), step_record(str(ctx.get("step")), result)]
+            caller = Result(
+                str(ctx.get("id")), "failed", error=ErrorInfo(
+                    "validation_error", f"step {ctx.get('step')!r}: {exc}"),
+                model=name, attempts=result.attempts,
+                enqueued_at=float(ctx.get("enqueued_at") or 0.0), finished_at=now,
+                owner=ctx.get("owner"), steps=done)
+            return Advance(final=caller)
+
+    async def _pipeline(self, name: str) -> Pipeline | None:
+        cached = self._records.get(name)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < RECORD_TTL_S:
+            return cached[1]
+        if self._registry is None:
+            return None
+        found = await self._registry.get(name)
+        self._records[name] = (now, found)
+        return found
+
+
+def _terminal(request: Request, result: Result) -> TerminalWrite:
+    """The caller's result as a store write, announced as the caller asked at submit."""
+    ctx = request.pipeline or {}
+    return TerminalWrite(result.request_id, result.status, encode_result(result),
+                         ctx.get("notify"), 0, ctx.get("notify_format"))
