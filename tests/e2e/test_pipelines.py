@@ -38,10 +38,10 @@ def composed(rows: np.ndarray) -> np.ndarray:
 async def test_three_step_chain_equals_local_composition(redis_url: str) -> None:
     await declare(redis_url, "p3", "chain", "mix,mix,demo-mlp")
     rows = np.random.default_rng(29).random((2000, 10), dtype=np.float32)
-    async with running_worker(redis_url, models=MODELS, namespace="p3", max_wait_ms=5):
-        async with AsyncClient(redis_url, namespace="p3") as client:
-            ids = await client.submit_many("chain", list(rows))
-            results = await client.wait_many(ids, timeout=180)
+    async with (running_worker(redis_url, models=MODELS, namespace="p3", max_wait_ms=5),
+                AsyncClient(redis_url, namespace="p3") as client):
+        ids = await client.submit_many("chain", list(rows))
+        results = await client.wait_many(ids, timeout=180)
     assert len(set(ids)) == 2000
     assert [r.status for r in results] == ["succeeded"] * 2000
     got = np.stack([np.asarray(r.outputs) for r in results])

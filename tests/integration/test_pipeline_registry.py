@@ -73,7 +73,7 @@ def test_declare_check_collide_list_and_layout(redis_url: str, tmp_path: Path) -
     assert cli("models", "declare", "emb", "--input-spec", "int64[64]", *at)[0] == 0
 
 
-async def _read_back(url: str) -> tuple[set[bytes], dict[str, Any], Pipeline | None]:
+async def _read_back(url: str) -> tuple[set[Any], dict[str, Any], Pipeline | None]:
     raw = redis_client(url)
     try:
         members = await raw.smembers("pl:pipelines")
