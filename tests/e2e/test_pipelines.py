@@ -3,6 +3,8 @@ model's lane, the caller's request ID carrying the final result with ``steps``."
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,8 @@ from batchfleet.schemas.pipeline import from_steps
 from batchfleet.schemas.registry import Declaration
 from batchfleet.workers.models.builtin import build_mlp
 from tests.support.fleet import running_worker
-from tests.support.pipeline_models import build_mix
+from tests.support.models import POISON
+from tests.support.pipeline_models import build_head, build_mix
 
 pytestmark = pytest.mark.e2e
 MODELS = ("mix=tests.support.pipeline_models:mix", "demo-mlp")
@@ -51,3 +54,65 @@ async def test_three_step_chain_equals_local_composition(redis_url: str) -> None
         assert [s["step"] for s in r.steps or []] == ["mix", "mix-2", "demo-mlp"]
         assert [s["model"] for s in r.steps or []] == ["mix", "mix", "demo-mlp"]
         assert all(s["attempts"] == 1 and s["model_version"] for s in r.steps or [])
+
+
+FAILING = ("poison=tests.support.models:poison_model", "head=tests.support.pipeline_models:head")
+
+
+async def test_a_failing_step_fails_only_its_requests_naming_the_step(redis_url: str) -> None:
+    await declare(redis_url, "pf", "risky", "poison,head")
+    rows = np.random.default_rng(3).random((60, 10), dtype=np.float32)
+    bad = {4, 17, 42}
+    for i in bad:
+        rows[i, 0] = POISON
+    async with (running_worker(redis_url, models=FAILING, namespace="pf", max_wait_ms=5,
+                               max_attempts=2, retry_base_s=0.01, retry_cap_s=0.05),
+                AsyncClient(redis_url, namespace="pf") as client):
+        ids = await client.submit_many("risky", list(rows))
+        results = await client.wait_many(ids, timeout=120)
+    plane = open_redis_control_plane(redis_url, namespace="pf")
+    try:
+        letters = await plane.dead_letters.list("poison")
+    finally:
+        await plane.close()
+    with torch.no_grad():
+        want = build_head()(build_mlp()(torch.from_numpy(rows))).numpy()
+    for i, r in enumerate(results):
+        if i in bad:
+            assert r.status == "failed" and r.error is not None
+            assert r.error.message.startswith("step 'poison' (model poison): ")
+            assert [s["step"] for s in r.steps or []] == ["poison"]
+            assert (r.steps or [])[0]["attempts"] == 2
+        else:
+            assert r.status == "succeeded", r.error
+            np.testing.assert_allclose(np.asarray(r.outputs), want[i], rtol=1e-5, atol=1e-6)
+    # the dead letter is the step's, under the step's own ID
+    assert sorted(x.request_id for x in letters) == sorted(f"{ids[i]}:poison" for i in bad)
+
+
+async def test_one_deadline_spans_the_steps_and_cancel_stops_the_next_hop(
+        redis_url: str) -> None:
+    """Step 1 runs at once; step 2's workers start only after the deadline: the caller's
+    result is expired, naming step 2. A cancelled caller's later steps never run."""
+    await declare(redis_url, "pd", "slow", "mix,demo-mlp")
+    rows = np.random.default_rng(5).random((20, 10), dtype=np.float32)
+    async with AsyncClient(redis_url, namespace="pd") as client:
+        async with running_worker(redis_url, models=(MODELS[0],), namespace="pd",
+                                  max_wait_ms=5, worker_id="first"):
+            timed = await client.submit_many("slow", list(rows[:10]), deadline_s=1.0)
+            cancelled = await client.submit_many("slow", list(rows[10:]))
+            await client.cancel_many(cancelled)
+            await asyncio.sleep(1.5)  # step 1 done long ago; the deadline has passed
+        async with running_worker(redis_url, models=("demo-mlp",), namespace="pd",
+                                  max_wait_ms=5, worker_id="second"):
+            expired = await client.wait_many(timed, timeout=60)
+            stopped = await client.wait_many(cancelled, timeout=60)
+            await asyncio.sleep(0.5)
+            steps = await client.wait_many([f"{rid}:demo-mlp" for rid in timed], timeout=30)
+            never = [await client.get(f"{rid}:demo-mlp") for rid in cancelled]
+    assert {r.status for r in expired} == {"expired"}
+    assert all(r.error and r.error.message.startswith("step 'demo-mlp'") for r in expired)
+    assert all([s["step"] for s in r.steps or []] == ["mix", "demo-mlp"] for r in expired)
+    assert {s.status for s in steps} == {"expired"}
+    assert {r.status for r in stopped} == {"cancelled"}
+    assert never == [None] * 10  # the cancelled callers' second step was never enqueued

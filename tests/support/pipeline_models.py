@@ -17,3 +17,14 @@ def build_mix(seed: int = 7) -> nn.Module:
 
 def mix() -> TorchModuleHandler:
     return TorchModuleHandler("mix", build_mix(), input_spec=TensorSpec("float32", (10,)))
+
+
+def build_head(seed: int = 8) -> nn.Module:
+    """float32[1] -> float32[1]: what follows demo-mlp (or the poison model) in a chain."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Linear(1, 1).eval()
+
+
+def head() -> TorchModuleHandler:
+    return TorchModuleHandler("head", build_head(), input_spec=TensorSpec("float32", (1,)))

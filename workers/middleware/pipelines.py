@@ -77,7 +77,13 @@ class PipelineAdvance(Middleware):
         now = time.time()
         outbound: list[OutboundMessage] = []
         finals: list[tuple[Request, Result]] = []
-        for answer, request in steps:
+        # A caller already terminal (cancelled, or ended by another step) goes no further:
+        # one read per batch, so a cancel stops the pipeline at its next hop.
+        callers = await self._store.get_records(
+            [str((r.pipeline or {}).get("id")) for _, r in steps])
+        for (answer, request), record in zip(steps, callers, strict=True):
+            if record is not None and record.status != "pending":
+                continue
             nxt = await self._advance(request, answer.result, now)
             outbound += [OutboundMessage(r.model, r.lane, r.request_id, encode_request(r),
                                          r.traceparent) for r in nxt.requests]
