@@ -116,3 +116,27 @@ async def test_one_deadline_spans_the_steps_and_cancel_stops_the_next_hop(
     assert {s.status for s in steps} == {"expired"}
     assert {r.status for r in stopped} == {"cancelled"}
     assert never == [None] * 10  # the cancelled callers' second step was never enqueued
+
+
+async def test_a_step_answered_by_its_fallback_marks_the_pipeline_result_degraded(
+        redis_url: str) -> None:
+    from batchfleet.schemas.per_model import parse_per_model
+    from batchfleet.workers.fallback.chain import check_chain_text
+
+    await declare(redis_url, "pg", "soft", "poison,head")
+    rows = np.random.default_rng(9).random((20, 10), dtype=np.float32)
+    rows[[2, 11], 0] = POISON
+    chains = parse_per_model(("poison=value:[0.25]",), check_chain_text, "", "--fallback")
+    async with (running_worker(redis_url, models=FAILING, namespace="pg", max_wait_ms=5,
+                               max_attempts=1, fallback=chains, retry_base_s=0.01),
+                AsyncClient(redis_url, namespace="pg") as client):
+        results = await client.wait_many(await client.submit_many("soft", list(rows)), 60)
+    with torch.no_grad():
+        after = float(build_head()(torch.tensor([[0.25]])).item())
+    for i, r in enumerate(results):
+        assert r.status == "succeeded", r.error
+        marks = [bool(s.get("degraded")) for s in r.steps or []]
+        assert r.degraded is (i in (2, 11)) and marks == [i in (2, 11), False]
+        if i in (2, 11):
+            assert (r.steps or [])[0]["fallback"] == "value"
+            np.testing.assert_allclose(np.asarray(r.outputs), [after], rtol=1e-5)
