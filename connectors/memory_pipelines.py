@@ -16,6 +16,15 @@ class MemoryPipelineRegistry:
         self._records: dict[str, bytes] = state.setdefault("pipelines", dict)
         #: The model registry's hashes (``MemoryModelRegistry``): the shared namespace.
         self._models: dict[str, object] = state.setdefault("models", dict)
+        self._joins: dict[tuple[str, str], dict[str, bytes]] = state.setdefault(
+            "pipeline_joins", dict)
+
+    async def join(self, request_id: str, join: str, source: str, part: bytes,
+                   expected: int) -> dict[str, bytes] | None:
+        with self._state.lock:
+            parts = self._joins.setdefault((request_id, join), {})
+            parts[source] = part
+            return dict(parts) if len(parts) >= expected else None
 
     async def declare(self, pipeline: Pipeline) -> None:
         with self._state.lock:

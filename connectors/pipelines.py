@@ -32,6 +32,22 @@ return 1
 """
 
 
+#: KEYS[1] the join hash; ARGV[1] the source, ARGV[2] its part, ARGV[3] how many sources
+#: the join waits for, ARGV[4] a TTL (s). The whole hash once every source is in, else nil.
+_JOIN = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return redis.call('HGETALL', KEYS[1])
+end
+return false
+"""
+
+#: How long a join's parts wait for the rest (a day: longer than any deadline a caller
+#: would set; a request whose other branch failed ends failed, and its parts expire).
+JOIN_TTL_S = 86_400
+
+
 def collision(name: str) -> ValidationError:
     """The refusal of a pipeline named like a model (one wording for every backend)."""
     return ValidationError(f"{name!r} is a model: a pipeline cannot take its name "
@@ -46,6 +62,8 @@ class PipelineRegistry(Protocol):
     async def names(self) -> set[str]: ...
     async def all(self) -> list[Pipeline]: ...
     async def remove(self, name: str) -> bool: ...
+    async def join(self, request_id: str, join: str, source: str, part: bytes,
+                   expected: int) -> dict[str, bytes] | None: ...
 
 
 class RedisPipelineRegistry:
@@ -55,6 +73,18 @@ class RedisPipelineRegistry:
         self._redis = client
         self._names = names
         self._declare = client.register_script(_DECLARE)
+        self._join = client.register_script(_JOIN)
+
+    async def join(self, request_id: str, join: str, source: str, part: bytes,
+                   expected: int) -> dict[str, bytes] | None:
+        """Put one source's part; every part (source -> bytes) once all ``expected`` are
+        in, else None. A re-put (redelivery) replaces the same field: counted once."""
+        with wrap_errors(ResultStoreError, "cannot record a join's part"):
+            flat = await self._join(keys=[self._names.pipeline_join(request_id, join)],
+                                    args=[source, part, expected, JOIN_TTL_S])
+        if not flat:
+            return None
+        return {_str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
     async def declare(self, pipeline: Pipeline) -> None:
         """Write (or replace) a pipeline; ValidationError when a model has its name."""
@@ -92,6 +122,10 @@ class RedisPipelineRegistry:
             pipe.srem(self._names.pipeline_registry, name)
             gone, _ = await pipe.execute()
         return bool(gone)
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _decoded(raw: bytes | str) -> Pipeline:

@@ -143,6 +143,11 @@ class Names:
         is never also a model's: declaring either checks the other's key in one script."""
         return f"{self.plane}:pipelines"
 
+    def pipeline_join(self, request_id: str, join: str) -> str:
+        """Hash of one request's outputs waiting at a join: source step -> msgpack
+        ``{outputs, done}``; expires with the result TTL."""
+        return f"{self.plane}:join:{request_id}:{join}"
+
     def pipeline(self, name: str) -> str:
         """String holding one pipeline's record (msgpack, schemas/pipeline.py)."""
         return f"{self.plane}:pipeline:{name}"

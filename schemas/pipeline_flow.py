@@ -8,13 +8,20 @@ succeeded, or any step failed, expired or was cancelled). It is called before th
 step's own result is written (``workers.middleware.pipelines``), so a crash between the
 two re-runs it on redelivery: every request and result it yields is keyed, and the
 store keeps the first, so nothing enters twice (docs/pipelines.md, "Exactly once").
-Joins are not in this version; a pipeline with one is refused at submit.
+A join waits for all of its sources: each source's output is put in a per-(request,
+join) hash (``connectors.pipelines``) and the put that completes it computes the join
+(:func:`join_outputs`) and advances from there (:func:`after_join`).
 """
 
 from __future__ import annotations
 
+import importlib
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from batchfleet.schemas.envelopes import ErrorInfo, Request, Result
 from batchfleet.schemas.errors import ValidationError
@@ -42,8 +49,8 @@ def step_request(pipeline: Pipeline, node: Node, caller: Request, inputs: Any,
     """A step's request: the caller's deadline, lane and degrade choice carry through;
     the step's own announcements and webhooks are off (the caller's come at the end)."""
     if node.model is None:
-        raise ValidationError(f"pipeline {pipeline.name!r}: joins are not supported yet "
-                              f"(step {node.name!r})")
+        raise ValidationError(f"pipeline {pipeline.name!r}: {node.name!r} is a join, "
+                              "not a step with a model")
     return Request(
         request_id=step_id(caller.request_id, node.name), model=node.model, inputs=inputs,
         lane=caller.lane, enqueued_at=caller.enqueued_at, deadline_at=caller.deadline_at,
@@ -53,10 +60,8 @@ def step_request(pipeline: Pipeline, node: Node, caller: Request, inputs: Any,
 
 
 def entry_requests(pipeline: Pipeline, caller: Request) -> list[Request]:
-    """The first steps' requests for a caller's submit to the pipeline."""
-    if any(n.join is not None for n in pipeline.nodes):
-        raise ValidationError(f"pipeline {pipeline.name!r} has a join: joins are not "
-                              "supported yet")
+    """The first steps' requests for a caller's submit to the pipeline (several when
+    the input fans out)."""
     return [step_request(pipeline, n, caller, _pick(caller.inputs, n.sources[0], INPUT))
             for n in pipeline.entry]
 
@@ -73,12 +78,24 @@ def step_record(step: str, result: Result) -> dict[str, Any]:
     return record
 
 
+@dataclass(frozen=True, slots=True)
+class JoinPart:
+    """One source's output on its way into a join: put, then counted."""
+
+    join: str
+    source: str
+    expected: int
+    outputs: Any
+    done: list[dict[str, Any]]
+
+
 @dataclass(slots=True)
 class Advance:
     """What one step's terminal result leads to."""
 
     requests: list[Request] = field(default_factory=list)
     final: Result | None = None
+    joins: list[JoinPart] = field(default_factory=list)
 
 
 def advance(pipeline: Pipeline, request: Request, result: Result, now: float) -> Advance:
@@ -97,6 +114,8 @@ def advance(pipeline: Pipeline, request: Request, result: Result, now: float) ->
     successors = pipeline.successors(step)
     if not successors:
         return Advance(final=_final(ctx, result, now, steps=done))
+    joins = [JoinPart(n.name, step, len({_step_of(x) for x in n.sources}), result.outputs, done)
+             for n in successors if n.join is not None]
     caller = Request(
         request_id=str(ctx["id"]), model=pipeline.name, inputs=request.inputs, lane=request.lane,
         enqueued_at=float(ctx.get("enqueued_at") or request.enqueued_at),
@@ -106,7 +125,60 @@ def advance(pipeline: Pipeline, request: Request, result: Result, now: float) ->
         cache=request.cache, notify_format=ctx.get("notify_format"), degrade=request.degrade)
     return Advance(requests=[
         step_request(pipeline, n, caller, _pick(result.outputs, n.sources[0], step), done)
-        for n in successors])
+        for n in successors if n.model is not None], joins=joins)
+
+
+def after_join(pipeline: Pipeline, request: Request, join: str,
+               parts: Mapping[str, tuple[Any, list[dict[str, Any]]]], now: float) -> Advance:
+    """The join is complete (``parts``: source step -> its output and step records):
+    combine, then advance from the join as from a step that answered it."""
+    node = pipeline.node(join)
+    arrays = [_pick(parts[_step_of(src)][0], src, _step_of(src)) for src in node.sources]
+    started = time.time()
+    outputs = join_outputs(node, arrays)
+    records: dict[str, dict[str, Any]] = {}
+    for source in dict.fromkeys(_step_of(src) for src in node.sources):
+        for rec in parts[source][1]:
+            records.setdefault(str(rec.get("step")), rec)
+    ctx = dict(request.pipeline or {}, step=join, done=list(records.values()))
+    joined = Request(request.request_id, request.model, outputs, request.lane,
+                     request.enqueued_at, request.deadline_at, routing_key=request.routing_key,
+                     traceparent=request.traceparent, cache=request.cache,
+                     degrade=request.degrade, pipeline=ctx)
+    result = Result(request.request_id, "succeeded", outputs, model=f"join:{node.join}",
+                    attempts=1, started_at=started, finished_at=time.time(),
+                    compute_ms=(time.time() - started) * 1000.0, queue_ms=0.0)
+    return advance(pipeline, joined, result, now)
+
+
+def join_outputs(node: Node, arrays: list[Any]) -> Any:
+    """``concatenate``, ``stack`` or ``mean`` of the sources' outputs, in ``from`` order,
+    or what a ``module:function`` returns given that list. A shape that does not fit is a
+    ValidationError naming the join (the first request to cross it fails)."""
+    try:
+        if node.join == "mean":
+            return np.mean(np.stack([np.asarray(a) for a in arrays]), axis=0).astype(
+                np.asarray(arrays[0]).dtype)
+        if node.join == "stack":
+            return np.stack([np.asarray(a) for a in arrays])
+        if node.join == "concatenate":
+            return np.concatenate([np.asarray(a) for a in arrays])
+        return _function(str(node.join))(arrays)
+    except (ValueError, TypeError) as exc:
+        raise ValidationError(f"join {node.name} ({node.join}): {exc}") from exc
+
+
+def _function(spec: str) -> Callable[[list[Any]], Any]:
+    module, _, name = spec.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValidationError(f"join function {spec!r} cannot be loaded: {exc}") from exc
+    return found  # type: ignore[no-any-return]
+
+
+def _step_of(source: str) -> str:
+    return source.partition(".")[0]
 
 
 def _final(ctx: dict[str, Any], result: Result, now: float, *,

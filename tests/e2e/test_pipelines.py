@@ -11,7 +11,7 @@ import torch
 
 from batchfleet import AsyncClient
 from batchfleet.connectors.redis_plane import open_redis_control_plane
-from batchfleet.schemas.pipeline import from_steps
+from batchfleet.schemas.pipeline import from_steps, from_toml
 from batchfleet.schemas.registry import Declaration
 from batchfleet.workers.models.builtin import build_mlp
 from tests.support.fleet import running_worker
@@ -140,3 +140,43 @@ async def test_a_step_answered_by_its_fallback_marks_the_pipeline_result_degrade
         if i in (2, 11):
             assert (r.steps or [])[0]["fallback"] == "value"
             np.testing.assert_allclose(np.asarray(r.outputs), [after], rtol=1e-5)
+
+
+ENSEMBLE = """
+[[step]]
+name = "a"
+model = "mix"
+[[step]]
+name = "b"
+model = "mix2"
+from = "input"
+[[step]]
+name = "avg"
+join = "mean"
+from = ["a", "b"]
+"""
+
+
+async def test_fan_out_and_mean_join_equal_the_local_computation(redis_url: str) -> None:
+    plane = open_redis_control_plane(redis_url, namespace="pj")
+    try:
+        for model in ("mix", "mix2"):
+            await plane.models.declare(model, Declaration(0.0))
+        await plane.pipelines.declare(from_toml("ens", ENSEMBLE))
+    finally:
+        await plane.close()
+    rows = np.random.default_rng(13).random((500, 10), dtype=np.float32)
+    models = (MODELS[0], "mix2=tests.support.pipeline_models:mix2")
+    async with (running_worker(redis_url, models=models, namespace="pj", max_wait_ms=5),
+                AsyncClient(redis_url, namespace="pj") as client):
+        ids = await client.submit_many("ens", list(rows))
+        results = await client.wait_many(ids, timeout=120)
+    with torch.no_grad():
+        x = torch.from_numpy(rows)
+        want = ((build_mix()(x) + build_mix(9)(x)) / 2).numpy()
+    assert [r.status for r in results] == ["succeeded"] * 500
+    np.testing.assert_allclose(np.stack([np.asarray(r.outputs) for r in results]), want,
+                               rtol=1e-5, atol=1e-6)
+    for r in results:
+        assert sorted(s["step"] for s in r.steps or []) == ["a", "avg", "b"]
+        assert (r.steps or [])[-1]["model"] == "join:mean"

@@ -28,3 +28,8 @@ def build_head(seed: int = 8) -> nn.Module:
 
 def head() -> TorchModuleHandler:
     return TorchModuleHandler("head", build_head(), input_spec=TensorSpec("float32", (1,)))
+
+
+def mix2() -> TorchModuleHandler:
+    """Another mix (another seed): the second model of an ensemble."""
+    return TorchModuleHandler("mix2", build_mix(9), input_spec=TensorSpec("float32", (10,)))

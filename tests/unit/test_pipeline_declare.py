@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from batchfleet.connectors.memory_plane import MemoryControlPlane, open_memory_control_plane
@@ -22,6 +23,7 @@ from batchfleet.schemas.pipeline import (
     from_toml,
     specs_from_records,
 )
+from batchfleet.schemas.pipeline_flow import join_outputs
 from batchfleet.schemas.registry import Declaration, ModelRecord, ModelVersion
 from batchfleet.schemas.tensor_spec import TensorSpec
 
@@ -148,3 +150,20 @@ async def test_memory_registry_shares_the_model_namespace(plane: MemoryControlPl
         await plane.models.declare("p", Declaration(0.0))
     assert [x.name for x in await plane.pipelines.all()] == ["p"]
     assert await plane.pipelines.remove("p") and not await plane.pipelines.remove("p")
+
+
+def test_join_outputs_and_a_shape_that_does_not_fit() -> None:
+    a, b = np.ones(3, np.float32), np.full(3, 3.0, np.float32)
+    node = Node("j", ("x", "y"), join="mean")
+    assert join_outputs(node, [a, b]).tolist() == [2.0, 2.0, 2.0]
+    assert join_outputs(Node("j", ("x", "y"), join="stack"), [a, b]).shape == (2, 3)
+    assert join_outputs(Node("j", ("x", "y"), join="concatenate"), [a, b]).shape == (6,)
+    assert join_outputs(Node("j", ("x", "y"), join="builtins:len"), [a, b]) == 2
+    with pytest.raises(ValidationError, match=r"^join j \(mean\): "):
+        join_outputs(node, [a, np.ones(4, np.float32)])
+
+
+async def test_memory_join_counts_a_re_put_once(plane: MemoryControlPlane) -> None:
+    assert await plane.pipelines.join("r", "j", "a", b"1", 2) is None
+    assert await plane.pipelines.join("r", "j", "a", b"2", 2) is None  # redelivered
+    assert await plane.pipelines.join("r", "j", "b", b"3", 2) == {"a": b"2", "b": b"3"}

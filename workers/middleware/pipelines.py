@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import msgpack
 import structlog
 
 from batchfleet.connectors.broker import OutboundMessage, Publisher
@@ -32,7 +33,8 @@ from batchfleet.schemas.envelopes import (
 )
 from batchfleet.schemas.errors import SchemaError
 from batchfleet.schemas.pipeline import Pipeline
-from batchfleet.schemas.pipeline_flow import Advance, advance, step_record
+from batchfleet.schemas.pipeline_flow import Advance, advance, after_join, step_record
+from batchfleet.schemas.tensors import decode_tensors, encode_tensors
 from batchfleet.workers.jobs import Answer
 from batchfleet.workers.middleware.base import Middleware
 
@@ -85,14 +87,47 @@ class PipelineAdvance(Middleware):
             if record is not None and record.status != "pending":
                 continue
             nxt = await self._advance(request, answer.result, now)
-            outbound += [OutboundMessage(r.model, r.lane, r.request_id, encode_request(r),
-                                         r.traceparent) for r in nxt.requests]
-            if nxt.final is not None:
-                finals.append((request, nxt.final))
+            while True:
+                outbound += [OutboundMessage(r.model, r.lane, r.request_id,
+                                             encode_request(r), r.traceparent)
+                             for r in nxt.requests]
+                if nxt.final is not None:
+                    finals.append((request, nxt.final))
+                joined = await self._joins(request, nxt, now)
+                if joined is None:
+                    break
+                nxt = joined
         if outbound:
             await self._publisher.publish(outbound)
         if finals:
             await self._store.write_terminal([_terminal(req, res) for req, res in finals])
+
+    async def _joins(self, request: Request, nxt: Advance, now: float) -> Advance | None:
+        """Put this step's parts into its joins; what a completed join leads to (one at a
+        time: the loop above follows it), or None."""
+        if not nxt.joins or self._registry is None:
+            return None
+        ctx = request.pipeline or {}
+        merged = Advance()
+        for part in nxt.joins:
+            body = msgpack.packb({"outputs": encode_tensors(part.outputs), "done": part.done},
+                                 use_bin_type=True)
+            parts = await self._registry.join(str(ctx.get("id")), part.join, part.source,
+                                              body, part.expected)
+            if parts is None:
+                continue
+            pipeline = await self._pipeline(str(ctx.get("name")))
+            if pipeline is None:
+                continue
+            try:
+                decoded = {src: _part(raw) for src, raw in parts.items()}
+                done = after_join(pipeline, request, part.join, decoded, now)
+            except SchemaError as exc:
+                done = Advance(final=_failed(request, part.join, exc, part.done, now))
+            merged.requests += done.requests
+            merged.joins += done.joins
+            merged.final = merged.final or done.final
+        return merged if (merged.requests or merged.joins or merged.final) else None
 
     async def _advance(self, request: Request, result: Result, now: float) -> Advance:
         ctx = request.pipeline or {}
@@ -106,12 +141,7 @@ class PipelineAdvance(Middleware):
             log.warning("pipeline step cannot be handed on", request_id=ctx.get("id"),
                         step=ctx.get("step"), error=str(exc))
             done = [*ctx.get("done", []), step_record(str(ctx.get("step")), result)]
-            caller = Result(
-                str(ctx.get("id")), "failed", error=ErrorInfo(
-                    "validation_error", f"step {ctx.get('step')!r}: {exc}"),
-                model=name, attempts=result.attempts,
-                enqueued_at=float(ctx.get("enqueued_at") or 0.0), finished_at=now,
-                owner=ctx.get("owner"), steps=done)
+            caller = _failed(request, str(ctx.get("step")), exc, done, now)
             return Advance(final=caller)
 
     async def _pipeline(self, name: str) -> Pipeline | None:
@@ -124,6 +154,22 @@ class PipelineAdvance(Middleware):
         found = await self._registry.get(name)
         self._records[name] = (now, found)
         return found
+
+
+def _part(raw: bytes) -> tuple[Any, list[dict[str, Any]]]:
+    obj = msgpack.unpackb(raw, raw=False)
+    return decode_tensors(obj["outputs"]), list(obj.get("done") or [])
+
+
+def _failed(request: Request, step: str, exc: Exception, done: list[dict[str, Any]],
+            now: float) -> Result:
+    """The caller's failure when a step's output cannot be handed on (an edge that does
+    not fit, a pipeline removed): named after that step, with the steps so far."""
+    ctx = request.pipeline or {}
+    return Result(str(ctx.get("id")), "failed",
+                  error=ErrorInfo("validation_error", f"step {step!r}: {exc}"),
+                  model=str(ctx.get("name")), enqueued_at=float(ctx.get("enqueued_at") or 0.0),
+                  finished_at=now, owner=ctx.get("owner"), steps=done)
 
 
 def _terminal(request: Request, result: Result) -> TerminalWrite:
