@@ -4,6 +4,10 @@ model's lane, the caller's request ID carrying the final result with ``steps``."
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +184,18 @@ async def test_fan_out_and_mean_join_equal_the_local_computation(redis_url: str)
     for r in results:
         assert sorted(s["step"] for s in r.steps or []) == ["a", "avg", "b"]
         assert (r.steps or [])[-1]["model"] == "join:mean"
+
+
+def test_walkthrough_runs_as_written(redis_url: str, tmp_path: Path) -> None:
+    """docs/pipelines.md's walkthrough, with only the Redis URL changed."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
+    block = doc.split("<!-- walkthrough -->")[1].split("<!-- /walkthrough -->")[0]
+    script = block.split("```bash\n")[1].split("```")[0].replace(
+        "redis://127.0.0.1:6379/0", redis_url)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "succeeded ['demo-tokenize', 'demo-encoder']"
+    assert "embed" in done.stdout  # pipelines list
