@@ -1,4 +1,4 @@
-"""``batchfleet pipelines declare | list | show | remove``: pipelines by hand.
+"""``batchfleet pipelines declare | list | show | status | remove``: pipelines by hand.
 
 A pipeline is declared once, in the control plane, and then submitted to like a model
 (docs/pipelines.md). Declaring checks every edge whose ends have specs in the model
@@ -7,8 +7,9 @@ registry and refuses an incompatible one in one line naming it.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +20,9 @@ from batchfleet.output import Column, NoHeadersOpt, OutputOpt, dump, output_form
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.pipeline import Pipeline, from_steps, from_toml
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from batchfleet.connectors.fleet import FleetSnapshot
 
 pipelines_app = typer.Typer(
     help="Declare pipelines (one request through several models, each step a queue hop) "
@@ -131,3 +135,68 @@ def remove(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
                        lambda reg: reg.remove(name)):
         raise fail(f"unknown pipeline {name!r}: nothing to remove", 1)
     typer.echo(f"removed pipeline {name}")
+
+
+STATUS_COLUMNS = (Column("step"), Column("model"), Column("depth"), Column("lag"),
+                  Column("p99_ms", "p99 ms"), Column("error_rate", "errors"), Column("dlq"),
+                  Column("workers"), Column("rps", "req/s"))
+
+
+def status_rows(pipeline: Pipeline, snapshot: FleetSnapshot) -> list[dict[str, object]]:
+    """Each step's figures from its model's lanes in one fleet snapshot (no scans): depth
+    and lag summed over the lanes (a pinned version's lane too), the worst lane p99, and
+    the model's error rate, dead letters, workers and rate. A join has no lane: '—'."""
+    rows: list[dict[str, object]] = []
+    for node in pipeline.nodes:
+        if node.model is None:
+            rows.append({"step": node.name, "model": f"join:{node.join}", **dict.fromkeys(
+                ("depth", "lag", "p99_ms", "error_rate", "dlq", "workers", "rps"), "—")})
+            continue
+        names = {node.model, node.target}
+        lanes = [lane for lane in snapshot.lanes if lane.model in names]
+        p99 = [lane.p99_ms for lane in lanes if lane.p99_ms is not None]
+        rows.append({
+            "step": node.name, "model": node.target,
+            "depth": sum(lane.depth or 0 for lane in lanes),
+            "lag": sum(lane.lag or 0 for lane in lanes),
+            "p99_ms": round(max(p99), 1) if p99 else "—",
+            "error_rate": next((lane.error_rate for lane in lanes
+                                if lane.error_rate is not None), "—"),
+            "dlq": max((lane.dlq for lane in lanes), default=0),
+            "workers": max((lane.workers for lane in lanes), default=0),
+            "rps": max((lane.throughput_rps for lane in lanes), default=0.0)})
+    return rows
+
+
+@pipelines_app.command()
+def status(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
+           namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt = "table",
+           no_headers: NoHeadersOpt = False, as_json: JsonOpt = False) -> None:
+    """Each step's depth, lag, p99, error rate and dead letters, from its model's lanes
+    (one fleet snapshot: the figures `batchfleet status` shows, per step).
+
+    Example:
+
+        batchfleet pipelines status embed --broker redis://localhost:6379/0
+    """
+    from batchfleet.options import open_doors
+
+    fmt = output_format(output, as_json)
+
+    async def go() -> tuple[Pipeline | None, FleetSnapshot]:
+        plane, door = open_doors(broker, results, namespace)
+        reader = plane.fleet(door)
+        try:
+            return await plane.pipelines.get(name), await reader.read()
+        finally:
+            await reader.close()
+            await plane.close()
+
+    try:
+        found, snapshot = asyncio.run(go())
+    except BatchfleetError as exc:
+        raise fail(str(exc), 1) from exc
+    if found is None:
+        raise fail(f"unknown pipeline {name!r}", 1)
+    render(status_rows(found, snapshot), STATUS_COLUMNS, fmt, no_headers,
+           title=f"pipeline {name}")

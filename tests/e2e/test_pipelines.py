@@ -4,6 +4,7 @@ model's lane, the caller's request ID carrying the final result with ``steps``."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from batchfleet.connectors.redis_plane import open_redis_control_plane
 from batchfleet.schemas.pipeline import from_steps, from_toml
 from batchfleet.schemas.registry import Declaration
 from batchfleet.workers.models.builtin import build_mlp
+from tests.support.cli import run_cli
 from tests.support.fleet import running_worker
 from tests.support.models import POISON
 from tests.support.pipeline_models import build_head, build_mix
@@ -45,10 +47,27 @@ def composed(rows: np.ndarray) -> np.ndarray:
 async def test_three_step_chain_equals_local_composition(redis_url: str) -> None:
     await declare(redis_url, "p3", "chain", "mix,mix,demo-mlp")
     rows = np.random.default_rng(29).random((2000, 10), dtype=np.float32)
-    async with (running_worker(redis_url, models=MODELS, namespace="p3", max_wait_ms=5),
+    async with (running_worker(redis_url, models=MODELS, namespace="p3", max_wait_ms=5) as w,
                 AsyncClient(redis_url, namespace="p3") as client):
         ids = await client.submit_many("chain", list(rows))
         results = await client.wait_many(ids, timeout=180)
+        last = 'step="demo-mlp"} 2000.0'  # the caller's result is written before the
+        for _ in range(100):              # last step's own: its count may lag a moment
+            metrics = w.metrics.exposition().decode()
+            if last in metrics:
+                break
+            await asyncio.sleep(0.05)
+        code, out, err = await run_cli("pipelines", "status", "chain", "--broker", redis_url,
+                                       "--namespace", "p3", "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    for step in ("mix", "mix-2", "demo-mlp"):  # labelled by pipeline and step
+        assert (f'batchfleet_pipeline_steps_total{{pipeline="chain",status="succeeded",'
+                f'step="{step}"}} 2000.0') in metrics
+    assert ('batchfleet_pipeline_results_total{pipeline="chain",status="succeeded"} 2000.0'
+            in metrics)
+    assert [(r["step"], r["model"], r["depth"], r["workers"]) for r in status] == [
+        ("mix", "mix", 0, 1), ("mix-2", "mix", 0, 1), ("demo-mlp", "demo-mlp", 0, 1)]
     assert len(set(ids)) == 2000
     assert [r.status for r in results] == ["succeeded"] * 2000
     got = np.stack([np.asarray(r.outputs) for r in results])

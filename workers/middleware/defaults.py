@@ -70,7 +70,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
                             fallback=frozenset(m for m, c in chains.items()
                                                if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
-              Metrics(metrics, guards, s.sample_every_s), RequestLog(), PipelineAdvance(),
+              Metrics(metrics, guards, s.sample_every_s), RequestLog(), PipelineAdvance(metrics),
               HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard

@@ -39,7 +39,9 @@ from batchfleet.workers.jobs import Answer
 from batchfleet.workers.middleware.base import Middleware
 
 if TYPE_CHECKING:
+    from batchfleet.workers.completion import Completed
     from batchfleet.workers.context import WorkerContext
+    from batchfleet.workers.metrics import WorkerMetrics
 
 log = structlog.get_logger("batchfleet.pipelines")
 
@@ -62,7 +64,10 @@ def step_of(answer: Answer) -> Request | None:
 class PipelineAdvance(Middleware):
     """Hands each finished step on (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: WorkerMetrics | None = None) -> None:
+        self._metrics = metrics
+        #: step request ID -> (pipeline, step), from the hand-off to the write's outcome.
+        self._labels: dict[str, tuple[str, str]] = {}
         self._publisher: Publisher | None = None
         self._store: StoreResults | None = None
         self._registry: PipelineRegistry | None = None
@@ -84,6 +89,8 @@ class PipelineAdvance(Middleware):
         callers = await self._store.get_records(
             [str((r.pipeline or {}).get("id")) for _, r in steps])
         for (answer, request), record in zip(steps, callers, strict=True):
+            ctx = request.pipeline or {}
+            self._labels[answer.result.request_id] = (str(ctx.get("name")), str(ctx.get("step")))
             if record is not None and record.status != "pending":
                 continue
             nxt = await self._advance(request, answer.result, now)
@@ -100,7 +107,22 @@ class PipelineAdvance(Middleware):
         if outbound:
             await self._publisher.publish(outbound)
         if finals:
-            await self._store.write_terminal([_terminal(req, res) for req, res in finals])
+            won = await self._store.write_terminal([_terminal(req, res) for req, res in finals])
+            if self._metrics is not None:
+                for (_, res), first in zip(finals, won, strict=True):
+                    if first:
+                        self._metrics.pipeline_results.labels(res.model, res.status).inc()
+
+    def after_complete(self, done: Completed) -> None:
+        """Count each step once, where its own write won (a redelivery's does not)."""
+        if not self._labels:
+            return
+        for answer, first in zip(done.answers, done.won, strict=False):
+            labels = self._labels.pop(answer.result.request_id, None)
+            if labels is not None and first and self._metrics is not None:
+                self._metrics.pipeline_steps.labels(*labels, answer.result.status).inc()
+        if len(self._labels) > 100_000:  # answers refused and left for redelivery
+            self._labels.clear()
 
     async def _joins(self, request: Request, nxt: Advance, now: float) -> Advance | None:
         """Put this step's parts into its joins; what a completed join leads to (one at a
