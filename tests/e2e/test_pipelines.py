@@ -59,6 +59,15 @@ async def test_three_step_chain_equals_local_composition(redis_url: str) -> None
             await asyncio.sleep(0.05)
         code, out, err = await run_cli("pipelines", "status", "chain", "--broker", redis_url,
                                        "--namespace", "p3", "--json")
+        shown = await run_cli("result", ids[0], "--show-steps", "--json", "--broker",
+                              redis_url, "--namespace", "p3")
+    assert shown[0] == 0, shown[2]
+    steps_shown = json.loads(shown[1])["steps"]
+    assert [s["step"] for s in steps_shown] == ["mix", "mix-2", "demo-mlp"]
+    np.testing.assert_allclose(steps_shown[-1]["outputs"], composed(rows[:1])[0], rtol=1e-5)
+    with torch.no_grad():  # each step's own output, kept under ID:STEP
+        first = build_mix()(torch.from_numpy(rows[:1])).numpy()[0]
+    np.testing.assert_allclose(steps_shown[0]["outputs"], first, rtol=1e-5, atol=1e-6)
     assert code == 0, err
     status = json.loads(out)
     for step in ("mix", "mix-2", "demo-mlp"):  # labelled by pipeline and step
