@@ -423,9 +423,9 @@ class AsyncClient:
         return list(dict.fromkeys(ids))
 
     async def ensure_model(self, model: str) -> TensorSpec | None:
-        """Refuse a model that is neither served nor declared (UnregisteredModelError, an
-        UnknownModelError); returns its declared input spec, if any. Cached per model for
-        ``model_list_ttl_s``; a no-op with ``check_model=False``."""
+        """Refuse a model that is neither served nor declared, nor a pipeline
+        (UnregisteredModelError, an UnknownModelError); returns its declared input spec, if
+        any. Cached per model for ``model_list_ttl_s``; a no-op with ``check_model=False``."""
         if not self._check_model:
             return None
         now = time.monotonic()
@@ -435,6 +435,8 @@ class AsyncClient:
         known, record = await self._lookup(model)
         if model not in known:
             self._models.pop(model, None)
+            if await self.pipeline(model) is not None:
+                return None  # a pipeline's name: its steps' models are checked at declare
             raise UnregisteredModelError(model, known)
         if len(self._models) >= _MAX_CACHED_MODELS:
             self._models.clear()

@@ -227,3 +227,24 @@ def test_walkthrough_runs_as_written(redis_url: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "succeeded ['demo-tokenize', 'demo-encoder']"
     assert "embed" in done.stdout  # pipelines list
+
+
+async def test_bulk_run_scores_through_a_pipeline(redis_url: str, tmp_path: Path) -> None:
+    await declare(redis_url, "pb", "chain2", "mix,demo-mlp")
+    rows = np.random.default_rng(21).random((8, 10), dtype=np.float32)
+    with (tmp_path / "in.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps({"inputs": row.tolist()}) + "\n")
+    async with running_worker(redis_url, models=MODELS, namespace="pb", max_wait_ms=5):
+        code, _, err = await run_cli("bulk", "run", "-m", "chain2", "-i",
+                                     str(tmp_path / "in.jsonl"), "-o",
+                                     str(tmp_path / "out.jsonl"), "--broker", redis_url,
+                                     "--namespace", "pb", "--progress", "none", "--json")
+    assert code == 0, err
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        want = build_mlp()(build_mix()(torch.from_numpy(rows))).numpy()
+    assert sorted(o["row"] for o in out) == list(range(8))
+    assert all(o["status"] == "succeeded" for o in out)
+    got = np.array([o["outputs"] for o in sorted(out, key=lambda o: o["row"])], np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
