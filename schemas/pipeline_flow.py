@@ -108,8 +108,12 @@ def advance(pipeline: Pipeline, request: Request, result: Result, now: float) ->
     done = [*ctx.get("done", []), step_record(step, result)]
     if result.status != "succeeded":
         err = result.error or ErrorInfo("internal_error", "the step ended without an error")
-        error = ErrorInfo(err.type, f"step {step!r} (model {result.model}): {err.message}",
-                          err.retryable)
+        where = f"step {step!r} (model {result.model})"
+        source = pipeline.node(step).sources[0] if step in _names(pipeline) else INPUT
+        if err.type == "validation_error" and _step_of(source) != INPUT:
+            # the first request across an edge whose ends had no declared specs
+            where = f"edge {source} -> {step}: {where}"
+        error = ErrorInfo(err.type, f"{where}: {err.message}", err.retryable)
         return Advance(final=_final(ctx, result, now, error=error, steps=done))
     successors = pipeline.successors(step)
     if not successors:
@@ -175,6 +179,10 @@ def _function(spec: str) -> Callable[[list[Any]], Any]:
     except (ImportError, AttributeError) as exc:
         raise ValidationError(f"join function {spec!r} cannot be loaded: {exc}") from exc
     return found  # type: ignore[no-any-return]
+
+
+def _names(pipeline: Pipeline) -> set[str]:
+    return {n.name for n in pipeline.nodes}
 
 
 def _step_of(source: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 from batchfleet.connectors.memory_plane import MemoryControlPlane, open_memory_control_plane
 from batchfleet.connectors.memory_state import reset_memory
 from batchfleet.connectors.pipelines import declare_checked
+from batchfleet.schemas.envelopes import ErrorInfo, Request, Result
 from batchfleet.schemas.errors import ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.pipeline import (
@@ -23,7 +24,7 @@ from batchfleet.schemas.pipeline import (
     from_toml,
     specs_from_records,
 )
-from batchfleet.schemas.pipeline_flow import join_outputs
+from batchfleet.schemas.pipeline_flow import advance, entry_requests, join_outputs
 from batchfleet.schemas.registry import Declaration, ModelRecord, ModelVersion
 from batchfleet.schemas.tensor_spec import TensorSpec
 
@@ -167,3 +168,22 @@ async def test_memory_join_counts_a_re_put_once(plane: MemoryControlPlane) -> No
     assert await plane.pipelines.join("r", "j", "a", b"1", 2) is None
     assert await plane.pipelines.join("r", "j", "a", b"2", 2) is None  # redelivered
     assert await plane.pipelines.join("r", "j", "b", b"3", 2) == {"a": b"2", "b": b"3"}
+
+
+def test_a_step_refusing_its_input_fails_the_caller_naming_the_edge() -> None:
+    """An edge with no declared specs is checked on the first request to cross it: the
+    step's intake refuses the input, and the caller's error names the edge."""
+    p = from_steps("p", "tok,enc")
+    caller = Request("r1", "p", np.zeros(3, np.float32), enqueued_at=1.0)
+    (first,) = entry_requests(p, caller)
+    assert first.request_id == "r1:tok" and first.pipeline and first.pipeline["step"] == "tok"
+    out = Result("r1:tok", "succeeded", np.zeros(4, np.int64), model="tok", attempts=1)
+    (second,) = advance(p, first, out, 2.0).requests
+    assert second.request_id == "r1:enc" and second.deadline_at == caller.deadline_at
+    refused = Result("r1:enc", "failed", error=ErrorInfo("validation_error", "wrong dtype"),
+                     model="enc", attempts=1)
+    final = advance(p, second, refused, 3.0).final
+    assert final is not None and final.request_id == "r1" and final.status == "failed"
+    assert final.error == ErrorInfo("validation_error",
+                                    "edge tok -> enc: step 'enc' (model enc): wrong dtype")
+    assert [s["step"] for s in final.steps or []] == ["tok", "enc"]
