@@ -3,6 +3,8 @@ collision rule as Redis's, checked under the state's lock."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from batchfleet.connectors.memory_state import MemoryState
 from batchfleet.connectors.pipelines import _decoded, collision
 from batchfleet.schemas.pipeline import Pipeline
@@ -18,6 +20,11 @@ class MemoryPipelineRegistry:
         self._models: dict[str, object] = state.setdefault("models", dict)
         self._joins: dict[tuple[str, str], dict[str, bytes]] = state.setdefault(
             "pipeline_joins", dict)
+
+    async def keep(self, request_ids: Sequence[str], ttl_s: int) -> None:
+        with self._state.lock:
+            for rid in request_ids:
+                self._state.expire(rid, ttl_s)
 
     async def join(self, request_id: str, join: str, source: str, part: bytes,
                    expected: int) -> dict[str, bytes] | None:

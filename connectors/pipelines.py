@@ -10,6 +10,7 @@ a cluster, so no race lets both names in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import redis.asyncio as aioredis
@@ -64,6 +65,7 @@ class PipelineRegistry(Protocol):
     async def remove(self, name: str) -> bool: ...
     async def join(self, request_id: str, join: str, source: str, part: bytes,
                    expected: int) -> dict[str, bytes] | None: ...
+    async def keep(self, request_ids: Sequence[str], ttl_s: int) -> None: ...
 
 
 class RedisPipelineRegistry:
@@ -74,6 +76,16 @@ class RedisPipelineRegistry:
         self._names = names
         self._declare = client.register_script(_DECLARE)
         self._join = client.register_script(_JOIN)
+
+    async def keep(self, request_ids: Sequence[str], ttl_s: int) -> None:
+        """Keep these (step) results for ``ttl_s`` from now (``keep_intermediate_s``)."""
+        if not request_ids:
+            return
+        with wrap_errors(ResultStoreError, "cannot keep a pipeline's step results"):
+            pipe = self._redis.pipeline(transaction=False)
+            for rid in request_ids:
+                pipe.expire(self._names.result(rid), ttl_s)
+            await pipe.execute()
 
     async def join(self, request_id: str, join: str, source: str, part: bytes,
                    expected: int) -> dict[str, bytes] | None:

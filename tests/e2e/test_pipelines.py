@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from batchfleet import AsyncClient
+from batchfleet.connectors.redis_client import redis_client
 from batchfleet.connectors.redis_plane import open_redis_control_plane
 from batchfleet.schemas.pipeline import from_steps, from_toml
 from batchfleet.schemas.registry import Declaration
@@ -248,3 +249,27 @@ async def test_bulk_run_scores_through_a_pipeline(redis_url: str, tmp_path: Path
     assert all(o["status"] == "succeeded" for o in out)
     got = np.array([o["outputs"] for o in sorted(out, key=lambda o: o["row"])], np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+async def test_keep_intermediate_s_sets_how_long_the_earlier_steps_results_stay(
+        redis_url: str) -> None:
+    plane = open_redis_control_plane(redis_url, namespace="pi")
+    try:
+        for model in ("mix", "demo-mlp"):
+            await plane.models.declare(model, Declaration(0.0))
+        await plane.pipelines.declare(from_steps("kept", "mix,demo-mlp", 1000.0))
+    finally:
+        await plane.close()
+    rows = np.random.default_rng(23).random((5, 10), dtype=np.float32)
+    async with (running_worker(redis_url, models=MODELS, namespace="pi", max_wait_ms=5),
+                AsyncClient(redis_url, namespace="pi") as client):
+        ids = await client.submit_many("kept", list(rows))
+        assert {r.status for r in await client.wait_many(ids, timeout=60)} == {"succeeded"}
+    raw = redis_client(redis_url)
+    try:
+        kept = [await raw.ttl(f"pi:result:{rid}:mix") for rid in ids]
+        last = [await raw.ttl(f"pi:result:{rid}:demo-mlp") for rid in ids]
+    finally:
+        await raw.aclose()
+    assert all(900 < t <= 1000 for t in kept), kept
+    assert all(t > 1000 for t in last), last  # the output step's: the result TTL

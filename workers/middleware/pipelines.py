@@ -107,6 +107,7 @@ class PipelineAdvance(Middleware):
         if outbound:
             await self._publisher.publish(outbound)
         if finals:
+            await self._keep(finals)
             won = await self._store.write_terminal([_terminal(req, res) for req, res in finals])
             if self._metrics is not None:
                 for (_, res), first in zip(finals, won, strict=True):
@@ -123,6 +124,24 @@ class PipelineAdvance(Middleware):
                 self._metrics.pipeline_steps.labels(*labels, answer.result.status).inc()
         if len(self._labels) > 100_000:  # answers refused and left for redelivery
             self._labels.clear()
+
+    async def _keep(self, finals: Sequence[tuple[Request, Result]]) -> None:
+        """``keep_intermediate_s``: the earlier steps' results (written by now; the last
+        step's is written after this, for the result TTL) are kept that long."""
+        if self._registry is None:
+            return
+        by_ttl: dict[int, list[str]] = {}
+        for request, result in finals:
+            pipeline = await self._pipeline(result.model)
+            keep = int(pipeline.keep_intermediate_s) if pipeline is not None else 0
+            if keep > 0:
+                ctx = request.pipeline or {}
+                by_ttl.setdefault(keep, []).extend(
+                    f"{result.request_id}:{s['step']}" for s in (result.steps or [])[:-1]
+                    if not str(s.get("model", "")).startswith("join:")
+                    and s.get("step") != ctx.get("step"))
+        for ttl, ids in by_ttl.items():
+            await self._registry.keep(ids, ttl)
 
     async def _joins(self, request: Request, nxt: Advance, now: float) -> Advance | None:
         """Put this step's parts into its joins; what a completed join leads to (one at a
