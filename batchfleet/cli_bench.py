@@ -120,8 +120,16 @@ def bench(
                           "open-loop traffic continues (--rps, default 50/s, for --seconds), "
                           "without and with a fallback chain; caller p99 and the share "
                           "answered (docs/degradation.md, docs/performance.md).")] = False,
+    on_demand: Annotated[bool, typer.Option(
+        "--on-demand", help="Instead of the fleet bench: six demo-encoder models on a "
+                            "worker that holds two (--max-loaded-models 2), open-loop "
+                            "traffic (--rps, default 40/s, for --seconds) on a hot pair "
+                            "moving every 2 s; cold first-request p50/p99, loads and "
+                            "evictions per minute, throughput beside a worker holding all "
+                            "(docs/models.md, docs/performance.md).")] = False,
     rps: Annotated[float | None, typer.Option(
-        help="With --degrade: the offered requests per second (default 50).")] = None,
+        help="With --degrade or --on-demand: the offered requests per second (default 50 "
+             "and 40).")] = None,
     cluster: Annotated[bool, typer.Option(
         "--cluster", help="With --capacity and no --redis: start a throwaway Redis Cluster "
                           "(3 primaries, 3 replicas on loopback) and count on it.")] = False,
@@ -165,6 +173,8 @@ def bench(
 
         batchfleet bench --degrade --rps 50 --seconds 10
 
+        batchfleet bench --on-demand --rps 40 --seconds 40
+
         batchfleet bench --capacity --max-requests 20000
 
         batchfleet bench --capacity --cluster --max-requests 20000 --poll-interval-s 5
@@ -182,6 +192,9 @@ def bench(
     if degrade:  # likewise
         return _bench_degrade(redis, rps or 50.0, seconds or (5.0 if quick else 10.0),
                               as_json)
+    if on_demand:  # likewise
+        return _bench_on_demand(redis, rps or 40.0, seconds or (20.0 if quick else 40.0),
+                                as_json)
     if runtimes:  # likewise
         return _bench_runtimes(model, out, seconds or (4.0 if quick else 8.0), redis,
                                max_requests, as_json)
@@ -305,6 +318,15 @@ def _bench_degrade(redis: str | None, rps: float, seconds: float, as_json: bool)
     from batchfleet.schemas.json_form import finite
 
     found = run_degrade(redis, rps=rps, seconds=seconds)
+    typer.echo(json.dumps(finite(found), indent=2) if as_json else render(found))
+
+
+def _bench_on_demand(redis: str | None, rps: float, seconds: float, as_json: bool) -> None:
+    """``bench --on-demand``: batchfleet/bench/on_demand.py."""
+    from batchfleet.bench.on_demand import render, run_on_demand
+    from batchfleet.schemas.json_form import finite
+
+    found = run_on_demand(redis, rps=rps, seconds=seconds)
     typer.echo(json.dumps(finite(found), indent=2) if as_json else render(found))
 
 

@@ -1,5 +1,5 @@
-"""``batchfleet models declare | list | show | undeclare | check``: the model registry by
-hand, and a model tried locally (``check``: ``cli_models_check``).
+"""``batchfleet models declare | list | show | undeclare | check | pause | resume``: the
+model registry by hand, and a model tried locally (``check``: ``cli_models_check``).
 
 Declaring a model before any worker serves it lets producers submit to it at
 once (the requests wait in its lane), and gives submits an input spec to be
@@ -143,14 +143,29 @@ def list_(broker: BrokerOpt, results: ResultsOpt = None,
     now = time.time()
     rows = [{"model": r.name, "declared": _declared(r),
              "versions": ", ".join(f"{v.label}={v.version}" for v in r.versions.values())
-             or "—", "live": len(r.live_workers(now)), "stable": r.policy.stable,
+             or "—", "live": len(r.live_workers(now)), "loaded": _loaded_on(r, now),
+             "source": _sources(r), "stable": r.policy.stable,
              "shards": r.lane_shards} for r in records]
     render(rows, COLUMNS, fmt, no_headers, title=f"models ({len(records)})",
            body=iso_times([r.to_json(now) for r in records]))
 
 
 COLUMNS = (Column("model"), Column("declared", "declared input"), Column("versions"),
-           Column("live", "live workers"), Column("stable"), Column("shards"))
+           Column("live", "live workers"), Column("loaded", "loaded on"),
+           Column("source"), Column("stable"), Column("shards"))
+
+
+def _loaded_on(record: ModelRecord, now: float) -> str:
+    """The live workers holding the model in memory (docs/models.md, "Loading on
+    demand"): all that serve it, unless they load models on demand."""
+    live = [record.served[w] for w in record.live_workers(now)]
+    holding = [s.worker_id for s in live if s.loaded is not False]
+    return ", ".join(holding) or "—"
+
+
+def _sources(record: ModelRecord) -> str:
+    """Where each version comes from: its repository folder, or ``--model``."""
+    return ", ".join(sorted({v.source or "--model" for v in record.versions.values()})) or "—"
 
 
 @models_app.command()
@@ -225,3 +240,44 @@ from batchfleet.cli_models_outputs import baseline, outputs  # noqa: E402
 
 models_app.command()(baseline)
 models_app.command()(outputs)
+
+WhoOpt = Annotated[str | None, typer.Option(
+    "--who", envvar="BATCHFLEET_WHO", help="Who paused: shown by `status` and the console. "
+    "Default: user@host.")]
+
+
+@models_app.command()
+def pause(name: NameArg, broker: BrokerOpt,
+          why: Annotated[str, typer.Option(
+              "--why", help="Why: shown by `status` and the console while paused.")] = "",
+          who: WhoOpt = None, results: ResultsOpt = None,
+          namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
+    """Pause a model's lanes: every worker stops fetching them within about a second (as
+    an open breaker does); its requests wait in the queue, those already fetched finish.
+    The same flag as the console's Pause; `status` lists paused models.
+
+    Examples:
+
+        batchfleet models pause fraud --why "feature store outage" --broker redis://localhost:6379/0
+
+        batchfleet models resume fraud
+    """
+    from batchfleet.connectors.rollout import default_who
+    from batchfleet.schemas.registry import Pause
+
+    _run(broker, results, namespace, lambda registry: registry.set_paused(
+        name, Pause(time.time(), who or default_who(), why)))
+    typer.echo(f"{name}: lanes paused (`batchfleet models resume {name}` resumes them)")
+
+
+@models_app.command()
+def resume(name: NameArg, broker: BrokerOpt, results: ResultsOpt = None,
+           namespace: NamespaceOpt = DEFAULT_NAMESPACE) -> None:
+    """Resume a model's paused lanes: workers fetch them again within about a second.
+
+    Example:
+
+        batchfleet models resume fraud --broker redis://localhost:6379/0
+    """
+    _run(broker, results, namespace, lambda registry: registry.set_paused(name, None))
+    typer.echo(f"{name}: lanes resumed")

@@ -12,7 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
-from batchfleet.connectors.output_report import VersionRow, freeze_baseline, read_rows
+from batchfleet.connectors.output_report import (
+    DEFAULT_SINCE_S,
+    VersionRow,
+    freeze_baseline,
+    read_rows,
+)
 from batchfleet.connectors.output_summary import SeriesStats, bucket_value
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, fail, run_against
 from batchfleet.output import Column, NoHeadersOpt, OutputOpt, output_format, render
@@ -30,7 +35,7 @@ def baseline(
                                           help="The model, and the version (default: the "
                                                "stable one).")],
     broker: BrokerOpt, results: ResultsOpt = None,
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE, since_s: SinceOpt = 900.0,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, since_s: SinceOpt = DEFAULT_SINCE_S,
 ) -> None:
     """Freeze a version's output and input statistics over the last --since-s seconds as
     its reference: its drift is measured against this baseline from now on.
@@ -75,7 +80,7 @@ COLUMNS = (Column("version"), Column("role"), Column("reference", show=lambda v:
 def outputs(
     model: Annotated[str, typer.Argument(help="The model's name.")],
     broker: BrokerOpt, results: ResultsOpt = None,
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE, since_s: SinceOpt = 900.0,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE, since_s: SinceOpt = DEFAULT_SINCE_S,
     inputs: Annotated[bool, typer.Option(
         "--inputs", help="Also show the inputs' statistics and drift (under `inputs` in "
         "JSON; input psi, ks and shift columns in the table: shift is the largest move of "

@@ -31,6 +31,7 @@ from batchfleet.options import (
     fail,
 )
 from batchfleet.output import OutputOpt, dump, output_format
+from batchfleet.schemas.envelopes import DEGRADE_ALLOW, DEGRADE_CHOICES
 from batchfleet.schemas.settings import DEFAULT_CALLBACK_SCHEMES, DEFAULT_NAMESPACE
 
 #: ``submit --wait`` and ``result``: a request still pending (README "Exit codes").
@@ -94,6 +95,11 @@ def submit(
     callback_schemes: CallbackSchemesOpt = DEFAULT_CALLBACK_SCHEMES,
     callback_hosts: CallbackHostsOpt = "",
     callback_allow_nets: CallbackAllowNetsOpt = "",
+    degrade: Annotated[str, typer.Option(
+        metavar="allow|never",
+        help="never: fail closed (unavailable) where the model's fallback chain would "
+             "answer; allow: take its answer, marked degraded (docs/degradation.md).")
+    ] = DEGRADE_ALLOW,
     wait: WaitOpt = None,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
@@ -112,12 +118,16 @@ def submit(
         batchfleet submit -m demo-encoder --inputs-file tokens.npy --priority bulk
 
         batchfleet submit -m demo-mlp --inputs '[0.5]' -o json | jq -r .request_id
+
+        batchfleet submit -m fraud --inputs-file tx.npy --degrade never --wait 5
     """
     from batchfleet.connectors.ssrf import CallbackPolicy
     from batchfleet.producers import AsyncClient
     from batchfleet.schemas.errors import ConfigError, WaitTimeoutError
 
     fmt = output_format(output, as_json)
+    if degrade not in DEGRADE_CHOICES:
+        raise fail(f"--degrade {degrade!r}: give allow or never")
     value = _cast(_parse_inputs(inputs, inputs_file), dtype)
     try:
         policy = CallbackPolicy.parse(callback_schemes, callback_hosts, callback_allow_nets)
@@ -138,7 +148,8 @@ def submit(
         async with AsyncClient(broker, results, namespace=namespace,
                                callback_policy=policy) as client:
             rid = await client.submit(model, value, request_id=request_id, priority=priority,
-                                      deadline_s=deadline_s, callback_url=callback_url)
+                                      deadline_s=deadline_s, callback_url=callback_url,
+                                      degrade=degrade)
             sent.append(rid)
             if wait is None:
                 _print({"request_id": rid}, fmt, plain=rid)

@@ -127,8 +127,8 @@ def set_(
         "the same traffic exceeds this (0: off, the default; 0.25 is a large shift).")
     ] = None,
     guard_nan_points: Annotated[float | None, typer.Option(
-        min=0.0, max=100.0, help="Roll back when the canary's NaN rate exceeds stable's by "
-        "this many points (0: off, the default).")] = None,
+        min=0.0, max=100.0, help="Roll back when the canary's share of requests with a NaN "
+        "output exceeds stable's by this many points (0: off, the default).")] = None,
     guard_agreement: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Refuse to make canary or promote a version whose recorded "
         "shadow arg-max agreement with stable is below this share, 0-1, unless --force "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -11,10 +12,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from batchfleet.connectors.control_plane import FleetReads
+from batchfleet.connectors.control_plane import FleetReads, Routes
+from batchfleet.connectors.fleet_paused import fleet_document, paused_models
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
 from batchfleet.output import NoHeadersOpt, OutputOpt, console, dump, iso_times, output_format
 from batchfleet.schemas.errors import BatchfleetError
+from batchfleet.schemas.registry import Pause
 from batchfleet.schemas.settings import DEFAULT_NAMESPACE
 from batchfleet.status import FleetSnapshot, render
 
@@ -22,35 +25,51 @@ from batchfleet.status import FleetSnapshot, render
 READ_TIMEOUT_S = 10.0
 
 
-async def _read(reader: FleetReads) -> FleetSnapshot:
-    return await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One refresh: the fleet snapshot and the models an operator paused."""
+
+    snap: FleetSnapshot
+    paused: dict[str, Pause]
 
 
-def _show(snap: FleetSnapshot, output: str, no_headers: bool) -> None:
+async def _read(reader: FleetReads, routes: Routes) -> Seen:
+    async def both() -> Seen:
+        snap = await reader.read()
+        return Seen(snap, await paused_models(routes, snap))
+
+    return await asyncio.wait_for(both(), READ_TIMEOUT_S)
+
+
+def _show(seen: Seen, output: str, no_headers: bool) -> None:
     """One snapshot: ``to_json()`` (the gateway's ``/v1/fleet`` document) with its times
-    as ISO 8601 UTC, as JSON or YAML; else the tables."""
+    as ISO 8601 UTC, and ``paused`` (model -> who, when, why), as JSON or YAML; else the
+    tables."""
     if output in ("json", "yaml"):
-        dump(iso_times(snap.to_json()), output)
+        dump(iso_times(fleet_document(seen.snap, seen.paused)), output)
     else:
-        console().print(render(snap, wide=output == "wide", no_headers=no_headers))
+        console().print(render(seen.snap, wide=output == "wide", no_headers=no_headers,
+                               paused=seen.paused))
 
 
-async def _watch(reader: FleetReads, output: str, no_headers: bool, interval: float) -> None:
+async def _watch(reader: FleetReads, routes: Routes, output: str, no_headers: bool,
+                 interval: float) -> None:
     """Refresh until interrupted; a failed read is shown and retried, never fatal."""
     if output in ("json", "yaml"):  # one document per snapshot: JSON lines, YAML "---"
         while True:
             if output == "yaml":
                 typer.echo("---")
             try:
-                _show(await _read(reader), output, no_headers)
+                _show(await _read(reader, routes), output, no_headers)
             except (BatchfleetError, OSError, TimeoutError) as exc:
                 dump({"error": str(exc) or type(exc).__name__}, output)
             await asyncio.sleep(interval)
     with Live(Text("reading the fleet..."), auto_refresh=False, console=Console()) as live:
         while True:
             try:
-                live.update(render(await _read(reader), wide=output == "wide",
-                                   no_headers=no_headers), refresh=True)
+                seen = await _read(reader, routes)
+                live.update(render(seen.snap, wide=output == "wide", no_headers=no_headers,
+                                   paused=seen.paused), refresh=True)
             except (BatchfleetError, OSError, TimeoutError) as exc:
                 live.update(Text(f"cannot read the fleet: {exc or type(exc).__name__}",
                                  style="bold red"), refresh=True)
@@ -72,7 +91,8 @@ def status(
         min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
 ) -> None:
     """Show every model's lanes: depth, lag, oldest request, the model's own req/s, mean
-    batch size, error and degraded shares, p99, breakers, DLQ size and the live workers.
+    batch size, error and degraded shares, p99, breakers, DLQ size and the live workers;
+    and the models whose lanes an operator paused (`models pause`), with who and why.
 
     Depth comes straight from Redis when Redis is the broker; with Kafka it is the lag
     the live workers report for their partitions. Workers are the ones whose heartbeat
@@ -105,9 +125,9 @@ def status(
         reader = plane.fleet(door)
         try:
             if live:
-                await _watch(reader, output, no_headers, interval)
+                await _watch(reader, plane.routes, output, no_headers, interval)
             else:
-                _show(await _read(reader), output, no_headers)
+                _show(await _read(reader, plane.routes), output, no_headers)
         finally:
             await reader.close()
             await plane.close()

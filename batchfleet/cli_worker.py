@@ -59,6 +59,11 @@ def resolve(values: dict[str, Any]) -> tuple[WorkerSettings, ProcessSettings]:
         parse_url(parsed["webhook_redis_url"], ("redis", "rediss", "unix"), "webhook Redis")
     worker = build(WorkerSettings, {k: v for k, v in parsed.items() if k not in _PROCESS})
     process = build(ProcessSettings, {k: v for k, v in parsed.items() if k in _PROCESS})
+    if worker.model_repository:  # its models and their model.toml settings, read once here
+        from batchfleet.workers.models.repository import Repository, with_repository
+
+        worker = with_repository(worker, Repository(worker.model_repository).scan(),
+                                 only_repository=not parsed.get("models"))
     return worker.validated(), process
 
 

@@ -25,6 +25,7 @@ from batchfleet.connectors.fleet import (
     summarize,
 )
 from batchfleet.output import human_time
+from batchfleet.schemas.registry import Pause
 
 __all__ = ["FleetSnapshot", "LaneView", "StreamStats", "WorkerView",
            "lanes_table", "parse_heartbeat", "render", "summarize", "workers_table"]
@@ -118,19 +119,28 @@ def cache_cell(counters: Mapping[str, int]) -> str:
     return f"{hits / looked:.0%} · {_age(saved_s)} saved"
 
 
+def loaded_cell(loaded: tuple[str, ...] | None) -> str:
+    """The models a worker holds in memory: "all" unless it loads them on demand
+    (docs/models.md, "Loading on demand"), then those loaded now ("—": none)."""
+    if loaded is None:
+        return "all"
+    return ", ".join(loaded) or "—"
+
+
 def workers_table(snap: FleetSnapshot, *, wide: bool = False,
                   no_headers: bool = False) -> Table:
     """One row per live worker, its full ID first; ``wide`` adds broker and uptime; ``cache``
-    is the result cache's hit ratio and saved compute (docs/cache.md)."""
+    is the result cache's hit ratio and saved compute (docs/cache.md); ``loaded`` the models it
+    holds in memory (:func:`loaded_cell`)."""
     right = ("buffered", "req/s", "degraded/s", "ok", "failed", "dlq'd", "cache", "seen", "up")
     table = _table("workers", [(col, col in right) for col in (
-        "worker", "host", "device", *(("broker",) if wide else ()), "models", "breakers",
-        "buffered", "req/s", "degraded/s", "ok", "failed", "dlq'd", "cache", "seen",
+        "worker", "host", "device", *(("broker",) if wide else ()), "models", "loaded",
+        "breakers", "buffered", "req/s", "degraded/s", "ok", "failed", "dlq'd", "cache", "seen",
         *(("up",) if wide else ()))], no_headers=no_headers)
     for w in snap.workers:
         states = {name: {state: 1} for name, state in w.breakers.items()}
         table.add_row(w.worker_id, w.host, w.device, *((w.broker,) if wide else ()),
-                      ", ".join(w.models), _breakers(states, 1),
+                      ", ".join(w.models), loaded_cell(w.loaded), _breakers(states, 1),
                       str(w.buffered), f"{w.throughput_rps:,.1f}", f"{w.degraded_rps:,.1f}",
                       f"{w.counters['succeeded']:,}", f"{w.counters['failed']:,}",
                       f"{w.counters['dead_lettered']:,}", cache_cell(w.counters),
@@ -139,10 +149,21 @@ def workers_table(snap: FleetSnapshot, *, wide: bool = False,
     return table
 
 
-def render(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False) -> Group:
-    """The lanes table, then the workers table (omitted while no worker is alive)."""
+def paused_lines(paused: Mapping[str, Pause]) -> list[Text]:
+    """One line per model an operator paused (``models pause``, the console): who, when,
+    why; its requests wait in its lanes until ``models resume``."""
+    return [Text(f"{model}: lanes paused by {p.who} at {human_time(p.at)}"
+                 + (f": {p.why}" if p.why else ""), style="bold yellow")
+            for model, p in sorted(paused.items())]
+
+
+def render(snap: FleetSnapshot, *, wide: bool = False, no_headers: bool = False,
+           paused: Mapping[str, Pause] | None = None) -> Group:
+    """The lanes table, the paused models, then the workers table (omitted while no
+    worker is alive)."""
     lanes = lanes_table(snap, wide=wide, no_headers=no_headers)
+    notes = [] if no_headers else paused_lines(paused or {})
     if not snap.workers:  # said in words, except to scripts (their rows are the lanes)
-        return Group(lanes, *(() if no_headers else (Text("no live workers",
-                                                          style="bold red"),)))
-    return Group(lanes, workers_table(snap, wide=wide, no_headers=no_headers))
+        return Group(lanes, *notes, *(() if no_headers else (Text("no live workers",
+                                                                  style="bold red"),)))
+    return Group(lanes, *notes, workers_table(snap, wide=wide, no_headers=no_headers))

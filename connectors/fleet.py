@@ -95,6 +95,9 @@ class WorkerView:
     model_stats: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Answers its fallback chains gave per second, lately (docs/degradation.md).
     degraded_rps: float = 0.0
+    #: Models held in memory, where it loads them on demand (``--max-loaded-models``);
+    #: None: it holds every model it serves.
+    loaded: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,9 @@ def worker_view(record: HeartbeatRecord, now: float) -> WorkerView:
         stuck_compute={str(k): float(v)
                        for k, v in (record.extra.get("stuck_compute") or {}).items()},
         model_stats={m: dict(v) for m, v in record.model_stats.items()},
-        degraded_rps=float(record.extra.get("degraded_rps") or 0.0))
+        degraded_rps=float(record.extra.get("degraded_rps") or 0.0),
+        loaded=(None if record.extra.get("loaded") is None
+                else tuple(str(m) for m in record.extra["loaded"])))
 
 
 def parse_heartbeat(raw: bytes, now: float) -> WorkerView | None:

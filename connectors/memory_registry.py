@@ -121,7 +121,8 @@ class MemoryModelRegistry(RedisModelRegistry):
 
     async def serve(self, worker_id: str, versions: Mapping[str, Sequence[ModelVersion]],
                     now: float | None = None, prune: bool = False,
-                    lane_shards: Mapping[str, int] | None = None) -> int:
+                    lane_shards: Mapping[str, int] | None = None,
+                    loaded: Mapping[str, bool] | None = None) -> int:
         if not versions:
             return 0
         now = time.time() if now is None else now
@@ -133,7 +134,8 @@ class MemoryModelRegistry(RedisModelRegistry):
                 fields = self._hashes.setdefault(model, {})
                 fields.update({VERSION_PREFIX + v.label: pack(v.to_wire()) for v in served})
                 fields[SERVED_PREFIX + worker_id] = encode_served(
-                    [v.label for v in served], now)
+                    [v.label for v in served], now,
+                    None if loaded is None else loaded.get(model))
                 stable = served[0].label if served else DEFAULT_LABEL
                 fields.setdefault(F_POLICY, pack(RolloutPolicy(stable).to_wire()))
                 shards = (lane_shards or {}).get(model)

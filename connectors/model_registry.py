@@ -181,7 +181,8 @@ class ModelRegistry(Protocol):
     async def undeclare(self, name: str, now: float | None = None) -> Undeclared: ...
     async def serve(self, worker_id: str, versions: Mapping[str, Sequence[ModelVersion]],
                     now: float | None = None, prune: bool = False,
-                    lane_shards: Mapping[str, int] | None = None) -> int: ...
+                    lane_shards: Mapping[str, int] | None = None,
+                    loaded: Mapping[str, bool] | None = None) -> int: ...
     async def consumed_shards(self, names: Sequence[str]) -> dict[str, int]: ...
     async def withdraw(self, worker_id: str, models: Sequence[str]) -> None: ...
     async def get_policy(self, name: str) -> RolloutPolicy: ...
@@ -292,7 +293,8 @@ class RedisModelRegistry:
 
     async def serve(self, worker_id: str, versions: Mapping[str, Sequence[ModelVersion]],
                     now: float | None = None, prune: bool = False,
-                    lane_shards: Mapping[str, int] | None = None) -> int:
+                    lane_shards: Mapping[str, int] | None = None,
+                    loaded: Mapping[str, bool] | None = None) -> int:
         """Assert that ``worker_id`` serves these models and versions (every heartbeat).
 
         Per model, a few field writes: its versions, this worker's ``served`` entry, and
@@ -313,7 +315,9 @@ class RedisModelRegistry:
                 pipe.sadd(self._names.model_registry, model)
                 pipe.hset(key, mapping={
                     **{VERSION_PREFIX + v.label: pack(v.to_wire()) for v in served},
-                    SERVED_PREFIX + worker_id: encode_served([v.label for v in served], now)})
+                    SERVED_PREFIX + worker_id: encode_served(
+                        [v.label for v in served], now,
+                        None if loaded is None else loaded.get(model))})
                 stable = served[0].label if served else DEFAULT_LABEL
                 pipe.hsetnx(key, F_POLICY, pack(RolloutPolicy(stable).to_wire()))
                 shards = (lane_shards or {}).get(model)
@@ -496,7 +500,8 @@ class HandlerLike(Protocol):
 def served_version(handler: HandlerLike, label: str = DEFAULT_LABEL) -> ModelVersion:
     spec = handler.input_spec
     return ModelVersion(label, handler.version,
-                        None if spec is None else TensorSpec(spec.dtype, tuple(spec.shape)))
+                        None if spec is None else TensorSpec(spec.dtype, tuple(spec.shape)),
+                        source=getattr(handler, "source", ""))
 
 
 class ServedModels:
@@ -514,14 +519,21 @@ class ServedModels:
         self.versions = {name: [served_version(h)] for name, h in handlers.items()}
         #: model -> this worker's ``--lane-shards``, asserted with the versions every beat.
         self.lane_shards = dict(lane_shards or {})
+        #: model -> held in memory now, for a worker that loads models on demand (None:
+        #: it holds them all); asserted with the versions every beat.
+        self.loaded: dict[str, bool] | None = None
         self._asserted = 0
 
     async def assert_served(self) -> int:
         """Returns how many models were missing from the registry (lost with Redis's data)."""
         prune = self._asserted % self.PRUNE_EVERY == 0
         self._asserted += 1
+        shards = self.lane_shards or None
+        if self.loaded is None:  # a registry from a plugin written before ``loaded``
+            return await self._registry.serve(self._worker_id, self.versions, prune=prune,
+                                              lane_shards=shards)
         return await self._registry.serve(self._worker_id, self.versions, prune=prune,
-                                          lane_shards=self.lane_shards or None)
+                                          lane_shards=shards, loaded=self.loaded)
 
     async def withdraw(self) -> None:
         await self._registry.withdraw(self._worker_id, list(self.versions))

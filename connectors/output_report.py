@@ -22,6 +22,9 @@ from batchfleet.schemas.registry import DEFAULT_LABEL, RolloutPolicy
 if TYPE_CHECKING:
     from batchfleet.connectors.control_plane import ControlPlane
 
+#: The period ``models outputs`` and the console's panel cover by default (seconds).
+DEFAULT_SINCE_S = 900.0
+
 
 def role_of(policy: RolloutPolicy | None, label: str) -> str:
     """stable, canary, shadow, or pinned (reached only by a request naming it)."""

@@ -188,9 +188,11 @@ local out = {}
 for i, key in ipairs(KEYS) do
   local cur = redis.call('HMGET', key, 'status', 'gen', 'body')
   -- a degraded success (a fallback answered) reopens too: its request is in the DLQ for a
-  -- real answer. The marker is the packed pair "degraded": true (docs/degradation.md).
+  -- real answer. Its map starts with the packed pair "degraded": true, after a fixmap's
+  -- 1 header byte or a map16's 3 (values.py::degraded_body; docs/degradation.md).
   if cur[1] == 'failed' or cur[1] == 'pending' or (cur[1] == 'succeeded' and cur[3]
-      and string.find(cur[3], DEGRADED_MARK, 1, true)) then
+      and (string.sub(cur[3], 2, 11) == DEGRADED_MARK
+           or string.sub(cur[3], 4, 13) == DEGRADED_MARK)) then
     local gen = (tonumber(cur[2]) or 0) + 1
     redis.call('HSET', key, 'status', 'pending', 'gen', gen, 'deliveries', 0, 'solo', 0,
       'stalls', 0, 'body', ARGV[i])

@@ -180,9 +180,16 @@ class StorePressure:
 
 
 
-#: A degraded success's body holds this packed pair (``"degraded": true``): a fallback
-#: answered, so DLQ replay may reopen it for a real answer (docs/degradation.md).
+#: A degraded success's body starts with this packed pair (``"degraded": true``), right
+#: after the map's header: a fallback answered, so DLQ replay may reopen it for a real
+#: answer (docs/degradation.md). Only there: outputs may hold these bytes by chance.
 DEGRADED_MARK: Final = b"\xa8degraded\xc3"
+
+
+def degraded_body(body: bytes) -> bool:
+    """The map's first key is ``degraded: true``: after a fixmap's one header byte or a
+    map16's three (a degraded result has 17 to 21 keys)."""
+    return body[1:11] == DEGRADED_MARK or body[3:13] == DEGRADED_MARK
 
 
 def reopenable(status: object, body: object) -> bool:
@@ -190,4 +197,4 @@ def reopenable(status: object, body: object) -> bool:
     published) or a degraded success. The result store's script applies the same rule."""
     if status in ("failed", "pending"):
         return True
-    return status == "succeeded" and isinstance(body, bytes) and DEGRADED_MARK in body
+    return status == "succeeded" and isinstance(body, bytes) and degraded_body(body)

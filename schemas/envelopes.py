@@ -218,7 +218,11 @@ def encode_request(req: Request) -> bytes:
 
 
 def encode_result(res: Result) -> bytes:
-    body: dict[str, Any] = {
+    # A degraded result's map starts with ``degraded: true``: the result store recognises
+    # a reopenable degraded success by that prefix (``connectors/values.py::reopenable``),
+    # never by searching the body, whose outputs may hold any bytes.
+    body: dict[str, Any] = {"degraded": True} if res.degraded else {}
+    body |= {
         "v": SCHEMA_VERSION,
         "id": res.request_id,
         "status": res.status,
@@ -240,7 +244,6 @@ def encode_result(res: Result) -> bytes:
     if res.cached:
         body["cached"] = True
     if res.degraded:
-        body["degraded"] = True
         body["degraded_reason"] = res.degraded_reason
         body["fallback"] = res.fallback
         body["degraded_error"] = (None if res.degraded_error is None

@@ -87,6 +87,11 @@ class ModelError(BatchfleetError):
     retryable = True
 
 
+class ModelNotLoadedError(ModelError):
+    """A batch reached a model version that is not loaded (``--max-loaded-models``: its
+    lane should have been paused); retried, so it runs once the model is loaded."""
+
+
 class UnknownModelError(ModelError):
     """A request names a model this worker does not serve."""
 

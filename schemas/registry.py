@@ -14,7 +14,7 @@ a record, so listing is one round trip. Structured values are msgpack maps:
 * ``version:{label}`` -> ``{version, input, output}`` (``label`` is ``default``
   when unlabelled; ``input``/``output`` are ``{dtype, shape}`` or nil);
 * ``declared`` -> ``{at, input, output}``, present while an operator declares it;
-* ``served:{worker_id}`` -> ``{at, labels}``, rewritten by that worker every beat;
+* ``served:{worker_id}`` -> ``{at, labels[, loaded]}``, rewritten by that worker every beat;
 * ``policy`` -> ``{stable, canary, percent, shadow, previous, epoch, guard}``
   (``canary``/``shadow``/``previous`` nil when off; ``guard`` is
   ``{error_points, p99_ratio, min_window}``), rewritten whole by one script that
@@ -70,10 +70,14 @@ class ModelVersion:
     version: str
     input: TensorSpec | None = None
     output: TensorSpec | None = None
+    #: Where it comes from: a repository version folder's URL (optional key ``source``);
+    #: "" for ``--model`` (and from older workers).
+    source: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"version": self.version, "input": _spec_wire(self.input),
+        wire = {"version": self.version, "input": _spec_wire(self.input),
                 "output": _spec_wire(self.output)}
+        return {**wire, "source": self.source} if self.source else wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,9 @@ class Serving:
     worker_id: str
     at: float
     labels: tuple[str, ...] = (DEFAULT_LABEL,)
+    #: Whether it holds the model in memory now, where it loads models on demand
+    #: (optional key ``loaded``); None: it holds every model it serves.
+    loaded: bool | None = None
 
     def live(self, now: float, within_s: float = SERVED_WITHIN_S) -> bool:
         return now - self.at <= within_s
@@ -299,8 +306,8 @@ class ModelRecord:
             "versions": {label: v.to_wire() for label, v in sorted(self.versions.items())},
             "declared": None if self.declared is None else self.declared.to_wire(),
             "served": [{"worker": s.worker_id, "last_seen": s.at, "labels": list(s.labels),
-                        "live": s.live(now)} for s in sorted(self.served.values(),
-                                                              key=lambda s: s.worker_id)],
+                        "live": s.live(now), "loaded": s.loaded is not False}
+                       for s in sorted(self.served.values(), key=lambda s: s.worker_id)],
             "policy": self.policy.to_wire(),
             "lane_shards": self.lane_shards,
             "lane_shards_max": self.lane_shards_max,
@@ -315,9 +322,10 @@ def pack(value: Mapping[str, Any]) -> bytes:
     return msgpack.packb(dict(value), use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def encode_served(labels: Sequence[str], at: float) -> bytes:
-    """A ``served:{worker_id}`` value."""
-    return pack({"at": at, "labels": list(labels)})
+def encode_served(labels: Sequence[str], at: float, loaded: bool | None = None) -> bytes:
+    """A ``served:{worker_id}`` value (``loaded`` only from a worker loading on demand)."""
+    value: dict[str, Any] = {"at": at, "labels": list(labels)}
+    return pack(value if loaded is None else {**value, "loaded": loaded})
 
 
 def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
@@ -348,11 +356,14 @@ def decode_record(name: str, fields: Mapping[Any, Any]) -> ModelRecord | None:
                 label = key[len(VERSION_PREFIX):]
                 versions[label] = ModelVersion(label, str(value["version"]),
                                                TensorSpec.from_wire(value.get("input")),
-                                               TensorSpec.from_wire(value.get("output")))
+                                               TensorSpec.from_wire(value.get("output")),
+                                               str(value.get("source") or ""))
             elif key.startswith(SERVED_PREFIX):
                 worker = key[len(SERVED_PREFIX):]
+                loaded = value.get("loaded")
                 served[worker] = Serving(worker, float(value["at"]),
-                                         tuple(str(x) for x in value.get("labels", ())))
+                                         tuple(str(x) for x in value.get("labels", ())),
+                                         None if loaded is None else bool(loaded))
             elif key == F_DECLARED:
                 declared = Declaration(float(value["at"]), TensorSpec.from_wire(value.get("input")),
                                        TensorSpec.from_wire(value.get("output")))

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,7 @@ from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.jobs import Job
 from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.models.handler import preprocess_on_device
+from batchfleet.workers.models.lazy import Built, ResidentHandler
 from batchfleet.workers.runner import BatchRun, ModelRunner, Prepared
 
 THREAD_PREFIX = "compute"
@@ -60,6 +61,8 @@ class ComputeThread:
         #: Where a handler's ``preprocess`` runs before the device is taken (not the
         #: built-in module handler's: its collation is a copy to the device).
         self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+        #: Where on-demand loads build and warm up (``load``), created on first use.
+        self._loader: ThreadPoolExecutor | None = None
         self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
@@ -141,15 +144,74 @@ class ComputeThread:
         limit, and the stall is contained as any other."""
         if preprocess_on_device(self._runner.handlers[model]):
             return None
+        pool = self._prepare
         future = asyncio.get_running_loop().run_in_executor(
-            self._prepare, self._runner.prepare, model, inputs)
+            pool, self._runner.prepare, model, inputs)
         try:
             return await asyncio.wait_for(asyncio.shield(future), limit)
         except TimeoutError:
-            self._prepare.shutdown(wait=False, cancel_futures=True)
-            self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+            # Only our own preprocess is given up (one never taken never runs). The pool
+            # is shared by the main lane, the aside lane and the shadow: their queued
+            # preprocesses are not cancelled; they run once the stuck thread returns, or
+            # time out on their own limits. New ones go to a fresh pool.
+            future.cancel()
             future.add_done_callback(_retrieve)
+            if self._prepare is pool:  # not yet replaced by an earlier timeout
+                self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+                pool.shutdown(wait=False)
             return None
+
+    async def load(self, slots: Sequence[str], warmup_sizes: Sequence[int]) -> list[Built]:
+        """Build, set up and warm up these versions (``ResidentHandler``s) on a loader
+        thread, so other models' batches go on computing meanwhile; then attach them on
+        the compute thread, which owns the handlers. What a build raises is raised here,
+        with nothing attached."""
+        loop = asyncio.get_running_loop()
+        handlers = [self._runner.handlers[slot] for slot in slots]
+        if self._loader is None:
+            self._loader = _pool(f"{THREAD_PREFIX}-loader")
+        built = [await loop.run_in_executor(self._loader, _resident(h).build, self.device,
+                                            warmup_sizes) for h in handlers]
+
+        def attach() -> None:
+            for handler, one in zip(handlers, built, strict=True):
+                _resident(handler).attach(one.handler)
+        await loop.run_in_executor(self._executor, attach)
+        return built
+
+    async def swap(self, slot: str, make: Callable[[], ModelHandler], tag: str, source: str,
+                   warmup_sizes: Sequence[int], sample: str = "") -> Built | None:
+        """Serve a new version of a ``ResidentHandler`` (``make`` builds it): where one is
+        loaded, the new one is built and warmed up on the loader thread and takes over on
+        the compute thread between two batches (the old one's batches finish on it);
+        where none is, it is only built once to learn its version. What a build raises is
+        raised here, the old version still serving."""
+        loop = asyncio.get_running_loop()
+        handler = _resident(self._runner.handlers[slot])
+        if self._loader is None:
+            self._loader = _pool(f"{THREAD_PREFIX}-loader")
+        if not handler.resident:
+            probe = await loop.run_in_executor(self._loader, make)
+            handler.retarget(make, tag, source, probe, sample)
+            return None
+        built = await loop.run_in_executor(self._loader, handler.build, self.device,
+                                           warmup_sizes, make, sample)
+
+        def attach() -> None:
+            handler.retarget(make, tag, source, sample=sample)
+            handler.attach(built.handler)
+        await loop.run_in_executor(self._executor, attach)
+        return built
+
+    async def unload(self, slots: Sequence[str]) -> None:
+        """Drop these versions' handlers, on the compute thread (after any batch queued
+        there before): the caller has made sure none of theirs is in flight."""
+        handlers = [_resident(self._runner.handlers[slot]) for slot in slots]
+
+        def detach() -> None:
+            for handler in handlers:
+                handler.detach()
+        await asyncio.get_running_loop().run_in_executor(self._executor, detach)
 
     def stuck(self) -> dict[str, float]:
         """Lanes with a thread still stuck, and for how long since it was abandoned (the
@@ -163,8 +225,15 @@ class ComputeThread:
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._prepare.shutdown(wait=False, cancel_futures=True)
-        if self._aside is not None:
-            self._aside.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._aside, self._loader):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _resident(handler: ModelHandler) -> ResidentHandler:
+    if not isinstance(handler, ResidentHandler):
+        raise TypeError(f"model {handler.name!r} is not loaded on demand")
+    return handler
 
 
 def _settle(started: asyncio.Future[None]) -> None:

@@ -47,6 +47,41 @@ class BreakerView(Protocol):
     def trips(self) -> int: ...
 
 
+class ResidencyMetrics:
+    """Loading on demand (docs/models.md, "Loading on demand"): cold starts by phase, loads,
+    evictions and what is loaded. ``batchfleet_model_load_seconds`` keeps its meaning (the
+    last set-up plus warm-up), set on every load too."""
+
+    def __init__(self, r: CollectorRegistry, model_load: Gauge) -> None:
+        self.model_load = model_load
+        # Loading on demand (docs/models.md, "Loading on demand")
+        self.cold_start = Histogram("batchfleet_model_cold_start_seconds", "Loading a model "
+                                    "version on demand: phase load (build and set-up) or "
+                                    "warmup (its warm-up batches)",
+                                    ["model", "version", "phase"], buckets=_LATENCY_BUCKETS,
+                                    registry=r)
+        self.model_loads = Counter("batchfleet_model_loads", "Model versions loaded on "
+                                   "demand", ["model", "version"], registry=r)
+        self.model_evictions = Counter("batchfleet_model_evictions", "Model versions "
+                                       "evicted to make room", ["model", "version"],
+                                       registry=r)
+        self.model_loaded = Gauge("batchfleet_model_loaded", "1 while a model version is "
+                                  "loaded (held in memory and read)", ["model", "version"],
+                                  registry=r)
+
+    def on_model_loaded(self, model: str, version: str, load_s: float,
+                        warmup_s: float) -> None:
+        self.cold_start.labels(model, version, "load").observe(load_s)
+        self.cold_start.labels(model, version, "warmup").observe(warmup_s)
+        self.model_loads.labels(model, version).inc()
+        self.model_loaded.labels(model, version).set(1)
+        self.model_load.labels(model).set(load_s + warmup_s)
+
+    def on_model_evicted(self, model: str, version: str) -> None:
+        self.model_evictions.labels(model, version).inc()
+        self.model_loaded.labels(model, version).set(0)
+
+
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -98,6 +133,7 @@ class WorkerMetrics:
                                ["model"], registry=r)
         self.model_load = Gauge("batchfleet_model_load_seconds", "Set-up plus warm-up time",
                                 ["model"], registry=r)
+        self.residency = ResidencyMetrics(r, self.model_load)
         # what each version answers (docs/monitoring.md)
         self.output_drift, self.output_nan_ratio = (
             Gauge("batchfleet_output_drift", "A version's fleet-merged output drift against "
@@ -137,6 +173,10 @@ class WorkerMetrics:
         self._model_done: dict[str, int] = {}
         self._model_rate: dict[str, float] = {}
         self._model_counts: dict[str, dict[str, int]] = {}
+        #: Degraded answers written per model, for the models with a fallback chain only
+        #: (``watch_degraded``): a model without one reports no count, so ``status`` shows
+        #: "—" for it rather than a 0% that would read as "a chain that never answered".
+        self._model_degraded: dict[str, int] = {}
 
 
     def _pipelines(self, r: CollectorRegistry) -> None:
@@ -210,9 +250,22 @@ class WorkerMetrics:
 
     def model_stats(self) -> dict[str, dict[str, float]]:
         """Per model: its own req/s (moving average, as ``throughput_rps``) and its counters
-        since start: batches and rows computed, terminal writes by status."""
-        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts}
+        since start: batches and rows computed, terminal writes by status, and ``degraded``
+        (of ``succeeded``) for a model with a fallback chain."""
+        degraded = self._model_degraded
+        return {model: {"rps": round(self._model_rate.get(model, 0.0), 2), **counts,
+                        **({"degraded": degraded[model]} if model in degraded else {})}
                 for model, counts in sorted(self._model_counts.items())}
+
+    def watch_degraded(self, models: Iterable[str]) -> None:
+        """Report a ``degraded`` count (from 0) in these models' ``model_stats``."""
+        for model in models:
+            self._model_degraded.setdefault(model, 0)
+
+    def on_degraded(self, model: str, reason: str, fallback: str | None) -> None:
+        """One degraded answer written (first write only)."""
+        self.degraded.labels(model, reason, fallback).inc()
+        self._model_degraded[model] = self._model_degraded.get(model, 0) + 1
 
     def on_lanes_paused(self, models: Iterable[str]) -> None:
         for model in models:

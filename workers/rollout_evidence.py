@@ -16,12 +16,16 @@ from typing import Protocol
 class OutputEvidence:
     """One version's outputs over a period, merged over the fleet."""
 
-    #: Values counted (the documented summary values of each output).
+    #: Values counted (the documented summary values of each output), for display.
     count: int
     nan_count: int
     #: PSI of this version's outputs against the other side's; None below the
     #: minimum counts (a small-sample PSI is mostly bias).
     psi: float | None
+    #: Requests counted, and those with a NaN in any output: what the NaN test counts
+    #: (a NaN poisons a row, so a row's elements are not independent samples).
+    rows: int = 0
+    nan_rows: int = 0
 
 
 class EvidenceSource(Protocol):

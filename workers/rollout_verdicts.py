@@ -12,8 +12,9 @@ evidence of it (a one-sided test at :data:`ALPHA`), never one batch or one reque
   ``min_window`` canary requests, at :data:`CONSECUTIVE` evaluations in a row that saw
   new canary batches (:class:`Streak`);
 * **outputs** (:mod:`batchfleet.workers.rollout_evidence`): PSI past ``psi`` once the
-  source computed it (it is None below its minimum counts), and the NaN rate by the
-  same z-test past ``nan_points`` over at least :data:`MIN_VALUES` values each.
+  source computed it (it is None below its minimum counts), and the share of requests
+  with a NaN output by the same z-test past ``nan_points`` over at least
+  :data:`MIN_ROWS` requests each.
 
 Latency samples are **batch** compute times (the histogram ``RoleStats`` keeps), not
 per-request ones: the requests of one batch share its time, so counting each would
@@ -43,9 +44,10 @@ Z_CRIT: Final = NormalDist().inv_cdf(1.0 - ALPHA)
 MIN_BATCHES: Final = 100
 #: Evaluations in a row, each with new canary batches, that must find the excess.
 CONSECUTIVE: Final = 2
-#: Output values each version needs before the NaN rates are compared (the drift
-#: scores' minimum: below it a few NaN are chance).
-MIN_VALUES: Final = 2000
+#: Requests each version needs before their NaN rates are compared (below it a few NaN
+#: are chance). Requests, not output values: a NaN usually poisons a whole row, so the
+#: elements of one row are not independent samples.
+MIN_ROWS: Final = 2000
 
 
 def two_proportion_z(x1: int, n1: int, x2: int, n2: int) -> float:
@@ -144,19 +146,23 @@ class Streak:
 
 
 def nan_verdict(points: float, stable: OutputEvidence, canary: OutputEvidence) -> str | None:
-    """Why the canary's NaN rate is too far above stable's, or None."""
-    if min(stable.count, canary.count) < MIN_VALUES:
+    """Why the canary's share of requests with a NaN output is too far above stable's, or
+    None. Requests are the samples (the z-test assumes independent ones); the element
+    NaN rates are named for context only."""
+    if min(stable.rows, canary.rows) < MIN_ROWS:
         return None
-    rc, rs = canary.nan_count / canary.count, stable.nan_count / stable.count
+    rc, rs = canary.nan_rows / canary.rows, stable.nan_rows / stable.rows
     if (rc - rs) * 100.0 <= points:
         return None
-    z = two_proportion_z(canary.nan_count, canary.count, stable.nan_count, stable.count)
+    z = two_proportion_z(canary.nan_rows, canary.rows, stable.nan_rows, stable.rows)
     if z <= Z_CRIT:
         return None
-    return (f"canary NaN rate {_pct(canary.nan_count, canary.count)} vs stable "
-            f"{_pct(stable.nan_count, stable.count)} output values: excess "
-            f"{(rc - rs) * 100.0:.1f} > {points:g} points, two-proportion z = {z:.2f} > "
-            f"{Z_CRIT:.2f} (one-sided alpha {ALPHA:g})")
+    return (f"canary NaN rate {_pct(canary.nan_rows, canary.rows)} vs stable "
+            f"{_pct(stable.nan_rows, stable.rows)} requests with a NaN output (output "
+            f"values {_pct(canary.nan_count, canary.count)} vs "
+            f"{_pct(stable.nan_count, stable.count)}): excess {(rc - rs) * 100.0:.1f} > "
+            f"{points:g} points, two-proportion z = {z:.2f} > {Z_CRIT:.2f} "
+            f"(one-sided alpha {ALPHA:g})")
 
 
 def psi_verdict(threshold: float, stable: OutputEvidence, canary: OutputEvidence

@@ -74,6 +74,17 @@ def useful_message(exc: BaseException) -> str:
     return f"{lines[-1]} (in TorchScript{', ' + where if where else ''})"
 
 
+def warmup_row(handler: ModelHandler) -> Tensors:
+    """What a warm-up batch is made of: the handler's sample (a repository's
+    ``warmup_sample``), else zeros of its input spec."""
+    sample: Callable[[], Tensors | None] | None = getattr(handler, "warmup_sample", None)
+    row = sample() if sample is not None else None
+    if row is not None:
+        return row
+    assert handler.input_spec is not None
+    return handler.input_spec.zeros()
+
+
 @dataclass(slots=True)
 class BatchRun:
     """Per-request outputs or errors, plus when and how long the compute took."""
@@ -119,13 +130,16 @@ class ModelRunner:
         What a handler raises there is a ConfigError naming the model: it is not served."""
         took: dict[str, float] = {}
         for name, handler in self.handlers.items():
+            if not getattr(handler, "resident", True):  # loaded later (models/lazy.py)
+                continue
             start = time.perf_counter()
             try:
                 handler.setup(self.device)
                 spec = handler.input_spec
                 if spec is not None:
+                    row = warmup_row(handler)
                     for size in warmup_batch_sizes:
-                        self._forward(handler, [spec.zeros()] * size)
+                        self._forward(handler, [row] * size)
             except BatchfleetError:
                 raise
             except Exception as exc:  # user code: one line saying which model and why

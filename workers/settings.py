@@ -158,6 +158,16 @@ def _slo_ms(value: str) -> float | None:
     return ms
 
 
+def _non_negative_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise ValueError("expected milliseconds, 0 or more") from None
+    if not 0 <= ms < float("inf"):
+        raise ValueError("expected milliseconds, 0 or more")
+    return ms
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaSettings:
     """Settings only a Kafka broker uses (``kafka://``); a Redis worker ignores them."""
@@ -377,6 +387,32 @@ class WorkerSettings:
         "Start even when the accuracy gate measures a difference past the tolerance.",
         per_model=True, metavar="[MODEL=]true|false", parse=truth, panel="Runtimes"))
 
+    #: A model repository (docs/models.md, "Model repository"), polled for new versions.
+    model_repository: str = field(default="", metadata=opt(
+        "Serve every model of this repository (a directory or s3://bucket/prefix: one "
+        "folder per model with a model.toml, one subfolder per version, complete once it "
+        "holds READY).", metavar="DIR|URL", show="none", panel="Loading"))
+    repository_poll_s: float = field(default=10.0, metadata=opt(
+        "How often the model repository is read for new and removed versions.",
+        panel="Loading"))
+    #: Loading on demand (docs/models.md, "Loading on demand"): hold at most this many
+    #: models, or this much of their memory; the others' lanes are paused until loaded.
+    max_loaded_models: int | None = field(default=None, metadata=opt(
+        "Hold at most this many models in memory; the others wait in their lanes and are "
+        "loaded when they have work, evicting the least recently used idle one "
+        "(docs/models.md).", metavar="K", show="all", panel="Loading"))
+    model_memory_mb: float | None = field(default=None, metadata=opt(
+        "Hold models up to this much memory (parameters and buffers; CUDA memory on a "
+        "GPU), loading and evicting as --max-loaded-models does.", metavar="MB",
+        show="no limit", panel="Loading"))
+    min_residency_s: float = field(default=10.0, metadata=opt(
+        "A loaded model is not evicted for this long after loading (no thrash).",
+        panel="Loading"))
+    cold_load_after_ms: PerModel[float] = field(default=PerModel(0.0), metadata=opt(
+        "Load a model this worker does not hold only once its lane's oldest request has "
+        "waited this long, so workers that hold it read it first.", per_model=True,
+        metavar="[MODEL=]MS", parse=_non_negative_ms, panel="Loading"))
+
     @classmethod
     def from_url(cls, broker: str, results: str | None = None, **overrides: Any) -> WorkerSettings:
         parsed = BrokerURL.parse(broker)
@@ -405,6 +441,11 @@ class WorkerSettings:
         """Served model names: a spec's part before ``=`` (``fraud=mypkg.models:build``)."""
         return tuple(dict.fromkeys(spec.partition("=")[0].partition("@")[0].strip()
                                    for spec in self.models))
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether models are loaded on demand (a count or a memory budget is set)."""
+        return self.max_loaded_models is not None or self.model_memory_mb is not None
 
     @property
     def lane_shards_by_model(self) -> dict[str, int]:
@@ -476,6 +517,14 @@ class WorkerSettings:
             raise ConfigError("webhooks queue on Redis (RQ): pass --webhook-redis-url "
                               f"redis://host:port/db for a {rq_url.partition(':')[0]}:// "
                               "result store, or --no-webhooks")
+        if self.max_loaded_models is not None and self.max_loaded_models < 1:
+            raise ConfigError("max_loaded_models must be at least 1")
+        if self.model_memory_mb is not None and self.model_memory_mb <= 0:
+            raise ConfigError("model_memory_mb must be positive")
+        if self.repository_poll_s <= 0:
+            raise ConfigError("repository_poll_s must be positive")
+        if self.min_residency_s < 0:
+            raise ConfigError("min_residency_s must not be negative")
         if self.stuck_exit_s <= 0:
             raise ConfigError("stuck_exit_s must be positive")
         for option in setting_options(WorkerSettings):

@@ -39,9 +39,10 @@ from batchfleet.workers.failures import FailurePolicy
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
-from batchfleet.workers.models import ModelHandler, load_versions
+from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.models import versions as model_versions
 from batchfleet.workers.models.loading import add_app_dir
+from batchfleet.workers.models.repository import load_all
 from batchfleet.workers.retry import default_policy
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
@@ -380,9 +381,10 @@ class Worker(DefaultViews):
 
 
 def _load(s: WorkerSettings) -> dict[str, dict[str, ModelHandler]]:
-    """The models of ``--model``, ``module:factory`` ones imported from ``--app-dir``."""
+    """The models of ``--model`` (``module:factory`` ones imported from ``--app-dir``) and
+    of ``--model-repository``."""
     add_app_dir(s.app_dir)
-    return load_versions(s.models, s.max_batch_size, s.runtime_for, s.input_spec_for)
+    return load_all(s)
 
 
 #: ``_next_batch``'s "nothing yet": look at the held batches again.

@@ -9,8 +9,11 @@ final file and only then removes them, so a crash during the merge is
 repaired by merging again.
 
 Columns: the input's ID column (type unchanged, when it has one), ``row``
-(int64), ``status`` (string) and ``outputs`` (a list of the output dtype,
-flattened row-major; null where the row failed).
+(int64), ``status`` (string), ``outputs`` (a list of the output dtype,
+flattened row-major; null where the row failed), and the degraded marks JSONL rows
+carry (docs/degradation.md): ``degraded`` (bool), ``degraded_reason`` and
+``fallback`` (string) and ``degraded_error`` (struct of type, message, retryable),
+null where the row is not degraded.
 """
 
 from __future__ import annotations
@@ -60,6 +63,33 @@ def outputs_array(outputs: list[Array | None], dtype: np.dtype[Any]) -> Any:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=mask)
 
 
+#: The degraded marks' columns, after ``outputs``.
+ERROR_TYPE = pa.struct([("type", pa.string()), ("message", pa.string()),
+                        ("retryable", pa.bool_())])
+MARK_TYPES: dict[str, Any] = {"degraded": pa.bool_(), "degraded_reason": pa.string(),
+                              "fallback": pa.string(), "degraded_error": ERROR_TYPE}
+#: A row that is not degraded (failed rows included).
+NO_MARKS: tuple[bool, None, None, None] = (False, None, None, None)
+
+
+def marks(result: Result, status: str) -> tuple[bool, str | None, str | None,
+                                               dict[str, Any] | None]:
+    """A stored row's (degraded, degraded_reason, fallback, degraded_error): a fallback's
+    answer is never mistaken for the model's, in Parquet as in JSONL."""
+    if status != "succeeded" or not result.degraded:
+        return NO_MARKS
+    error = result.degraded_error
+    return (True, result.degraded_reason, result.fallback,
+            None if error is None else error.to_wire())
+
+
+def mark_columns(rows: list[tuple[bool, str | None, str | None, dict[str, Any] | None]]
+                 ) -> dict[str, Any]:
+    """The four mark columns of ``rows`` (``marks`` of each), by name."""
+    return {name: pa.array([r[i] for r in rows], type=kind)
+            for i, (name, kind) in enumerate(MARK_TYPES.items())}
+
+
 def parquet_cell(result: Result, error: ErrorInfo | None
                  ) -> tuple[str, Array | None, ErrorInfo | None]:
     """(status, flat outputs or None, error) of one row as the Parquet output stores it."""
@@ -86,6 +116,7 @@ class ParquetSink(SinkBase):
         self._rows: list[int] = []
         self._statuses: list[str] = []
         self._outputs: list[Array | None] = []
+        self._marks: list[tuple[bool, str | None, str | None, dict[str, Any] | None]] = []
         self._last_part = time.monotonic()
 
     @staticmethod
@@ -103,6 +134,7 @@ class ParquetSink(SinkBase):
         self._rows.append(row.index)
         self._statuses.append(status)
         self._outputs.append(flat)
+        self._marks.append(marks(result, status))
         return error
 
     def _parts(self) -> int:
@@ -115,6 +147,7 @@ class ParquetSink(SinkBase):
         columns["row"] = pa.array(self._rows, type=pa.int64())
         columns["status"] = pa.array(self._statuses, type=pa.string())
         columns["outputs"] = outputs_array(self._outputs, self._dtype or np.dtype(np.float32))
+        columns.update(mark_columns(self._marks))
         typed = b"1" if any(o is not None for o in self._outputs) else b"0"
         return pa.table(columns).replace_schema_metadata({_TYPED: typed})
 
@@ -128,6 +161,7 @@ class ParquetSink(SinkBase):
         sync(self._errors)
         self._n_parts += 1
         self._ids, self._rows, self._statuses, self._outputs = [], [], [], []
+        self._marks = []
         self._last_part = time.monotonic()
 
     def durable(self, force: bool = False) -> Position | None:
@@ -164,7 +198,7 @@ def merge_parts(directory: Path, output: Path, n_parts: int) -> None:
     try:
         if schema is None:  # an empty input: still write a valid, empty file
             schema = pa.schema([("row", pa.int64()), ("status", pa.string()),
-                                ("outputs", pa.list_(pa.float32()))])
+                                ("outputs", pa.list_(pa.float32())), *MARK_TYPES.items()])
         schema = schema.remove_metadata()
         writer = pq.ParquetWriter(tmp, schema)
         pending: list[Any] = []

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Annotated, Any
 
-from fastapi import Cookie, FastAPI, Header, Query, Response
-from fastapi.responses import HTMLResponse
+from fastapi import Cookie, FastAPI, Header, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from batchfleet.connectors import BrokerURL, open_broker, open_control_plane, results_url_for
@@ -31,7 +31,7 @@ from batchfleet.producers.console.sessions import (
     KeySource,
     Sessions,
 )
-from batchfleet.producers.console.settings import ConsoleSettings
+from batchfleet.producers.console.settings import ConsoleSettings, is_loopback
 from batchfleet.producers.gateway import problems
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.validation import check_model_name
@@ -80,6 +80,8 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
                   redoc_url=None, openapi_url=None)
     app.state.lifespan = lifespan
     problems.install(app)
+    if sessions.open:
+        _loopback_names_only(app)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -129,3 +131,32 @@ def create_console_app(settings: ConsoleSettings, keys: KeySource | None) -> Fas
         return await state["s"].actions.run(action, body, s.who)
 
     return app
+
+
+def _host_of(authority: str) -> str:
+    """``host[:port]`` or ``[v6][:port]`` -> the host alone."""
+    if authority.startswith("["):
+        return authority[1:].partition("]")[0]
+    return authority.rpartition(":")[0] if authority.count(":") == 1 else authority
+
+
+def _loopback_names_only(app: FastAPI) -> None:
+    """An open console (loopback, no keys) answers only requests addressed to a loopback
+    name, and takes actions only from a loopback origin. Why: a web page the operator
+    visits can rebind its own DNS name to 127.0.0.1 and so reach the console as a
+    same-origin page (DNS rebinding); its requests still carry that name in ``Host``
+    and ``Origin``, which is what this refuses."""
+
+    @app.middleware("http")
+    async def loopback_only(request: Request, call_next: Any) -> Any:
+        host = _host_of(request.headers.get("host", ""))
+        origin = request.headers.get("origin")
+        from_elsewhere = origin is not None and not is_loopback(
+            _host_of(origin.partition("://")[2].partition("/")[0]))
+        if not is_loopback(host) or (request.method not in ("GET", "HEAD") and from_elsewhere):
+            return JSONResponse(
+                {"type": "forbidden", "title": "Forbidden", "status": 403,
+                 "detail": "this console is open without keys, so it answers only "
+                           "requests addressed to localhost, 127.0.0.1 or [::1]"},
+                status_code=403, media_type="application/problem+json")
+        return await call_next(request)

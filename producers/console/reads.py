@@ -16,6 +16,7 @@ from typing import Any
 from batchfleet.connectors.broker import Broker
 from batchfleet.connectors.control_plane import ControlPlane
 from batchfleet.connectors.fleet import FleetSnapshot
+from batchfleet.connectors.output_report import DEFAULT_SINCE_S, read_rows
 from batchfleet.producers.bulk.state import JobRecord, list_jobs
 from batchfleet.producers.console.views import (
     History,
@@ -91,11 +92,22 @@ class ConsoleReads:
                 "broker": snap.broker_title, "totals": fleet["totals"],
                 "workers": worker_rows(snap), "models": models, "lanes": fleet["lanes"],
                 "rollouts": rollouts, "bulk": [bulk_json(j) for j in jobs],
-                # issue 27's output statistics connect here; until then the panel says so
-                "outputs": None,
+                "outputs": await self.outputs([m["model"] for m in models]),
                 "dlq": [await self.dead_letters(m["model"], limit=DLQ_NEWEST)
                         for m in models if m["dlq"]],
                 "history": self.history.series()}
+
+    async def outputs(self, models: list[str]) -> dict[str, Any]:
+        """Each model's versions with output statistics over the last ``DEFAULT_SINCE_S``:
+        the rows ``models outputs --json`` prints (a model with none is left out). Three
+        bounded reads per model (``output_report.read_rows``), within the overview's
+        cache like the others."""
+        found = {}
+        for model in models:
+            rows = await read_rows(self._plane, model, DEFAULT_SINCE_S)
+            if any(r.outputs.count for r in rows):
+                found[model] = [r.to_json() for r in rows]
+        return {"since_s": DEFAULT_SINCE_S, "models": found}
 
     async def _rollout(self, model: str) -> dict[str, Any] | None:
         try:

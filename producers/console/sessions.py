@@ -20,8 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from batchfleet.producers.gateway.auth import ApiKey, KeyRing
-from batchfleet.schemas.errors import AuthError
+from batchfleet.schemas.errors import AuthError, ConfigError
+
+log = structlog.get_logger("batchfleet.console")
+#: ``KeySource._seen`` while the file cannot be read: the next good read parses it again.
+_BROKEN = (-1.0, -1)
 
 COOKIE = "batchfleet_console"
 CSRF_HEADER = "X-CSRF-Token"
@@ -43,12 +49,22 @@ class KeySource:
         self._ring = fixed or KeyRing.parse(text)
 
     def ring(self) -> KeyRing:
+        """The ring as the file says now. A file that is gone or does not parse (caught
+        half-written) keeps the last good ring, logged once per change, so sign-ins
+        still get a 401 or 403 that means something, never a 500."""
         if self._fixed is not None or self._path is None:
             return self._ring
-        stat = os.stat(self._path)
-        if (stat.st_mtime, stat.st_size) != self._seen:
-            self._ring = KeyRing.parse(self._text + "\n" + Path(self._path).read_text())
-            self._seen = (stat.st_mtime, stat.st_size)
+        try:
+            stat = os.stat(self._path)
+            seen = (stat.st_mtime, stat.st_size)
+            if seen != self._seen:
+                self._seen = seen
+                self._ring = KeyRing.parse(self._text + "\n" + Path(self._path).read_text())
+        except (OSError, ValueError, ConfigError) as exc:
+            if self._seen != _BROKEN:
+                self._seen = _BROKEN
+                log.warning("console keys file unreadable; keeping the keys read before",
+                            path=self._path, error=str(exc))
         return self._ring
 
 
@@ -93,7 +109,7 @@ class Sessions:
               now: float | None = None) -> Session:
         """The session a request carries: its cookie, else an ``X-API-Key`` (scripts).
         AuthError (401) when neither is valid now."""
-        if api_key:
+        if api_key and self._keys is not None:  # open: a header proves nothing, no skip
             return Session(self.sign_in(api_key, now).who, "", by_header=True)
         who, _, rest = (cookie or "").partition(".")
         expires, _, mac = rest.partition(".")

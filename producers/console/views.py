@@ -86,7 +86,8 @@ def worker_rows(snap: FleetSnapshot) -> list[dict[str, Any]]:
              "models": list(w.models), "up_s": w.up_s, "seen_s_ago": w.seen_s_ago,
              "stale": w.seen_s_ago is not None and w.seen_s_ago > LIVE_WITHIN_S,
              "breakers": w.breakers, "rps": w.throughput_rps, "buffered": w.buffered,
-             "counters": w.counters, "model_stats": w.model_stats} for w in snap.workers]
+             "counters": w.counters, "model_stats": w.model_stats,
+             "loaded": None if w.loaded is None else list(w.loaded)} for w in snap.workers]
 
 
 def letter_json(dl: DeadLetter) -> dict[str, Any]:

@@ -131,6 +131,15 @@ class Guard(BaseModel):
         "Roll back when the canary's p99 compute exceeds stable's this many times."))
     min_window: int = Field(200, ge=1, le=10**9,
                             description="Judge the canary only after this many requests.")
+    # The optional checks (docs/rollout.md, "How the guard decides"): left out of a PUT,
+    # each keeps its value; 0 or null turns it off; off, it reads null.
+    psi: float | None = Field(None, ge=0, le=1e6, description=(
+        "Roll back when the canary's output PSI against stable's exceeds this."))
+    nan_points: float | None = Field(None, ge=0, le=100, description=(
+        "Roll back when the canary's NaN rate exceeds stable's by this many points."))
+    agreement: float | None = Field(None, ge=0, le=1, description=(
+        "Refuse a canary or promotion whose recorded shadow arg-max agreement with "
+        "stable is below this share (unless forced)."))
 
 
 class PolicyOut(BaseModel):
@@ -170,10 +179,19 @@ class PolicyIn(BaseModel):
     shadow: str | None = Field(None, max_length=64)
     guard: Guard | None = Field(None, description="Kept as it is when left out.")
     why: str = Field("", max_length=1000, description="Kept in the policy history.")
+    force: bool = Field(False, description=(
+        "Go ahead though the new canary's recorded shadow agreement is below the guard's "
+        "`agreement`."))
 
 
 class ChangeIn(BaseModel):
     why: str = Field("", max_length=1000, description="Kept in the policy history.")
+
+
+class PromoteIn(ChangeIn):
+    force: bool = Field(False, description=(
+        "Go ahead though the canary's recorded shadow agreement is below the guard's "
+        "`agreement`."))
 
 
 class PolicyChangeOut(BaseModel):
@@ -229,6 +247,8 @@ class FleetOut(BaseModel):
     lanes: list[dict[str, Any]] = Field(description="One per model and lane.")
     workers: list[dict[str, Any]] = Field(description="Live workers (fresh heartbeat).")
     totals: dict[str, Any]
+    paused: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Models an operator paused (`models pause`, the console): {at, who, why}."))
 
 
 class OutputSideOut(BaseModel):

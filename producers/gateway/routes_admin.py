@@ -21,6 +21,7 @@ from fastapi import APIRouter, Query
 
 from batchfleet.connectors import open_broker
 from batchfleet.connectors.dlq_ops import DeadLetterOps, Selection
+from batchfleet.connectors.fleet_paused import fleet_document, paused_models
 from batchfleet.connectors.output_report import read_rows
 from batchfleet.connectors.values import DeadLetter
 from batchfleet.producers.gateway.auth import ApiKey
@@ -74,7 +75,8 @@ async def fleet(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     s = gw.settings
     reader = gw.plane.fleet(open_broker(s.broker, namespace=s.namespace))
     try:
-        return (await reader.read()).to_json()
+        snap = await reader.read()
+        return fleet_document(snap, await paused_models(gw.plane.routes, snap))
     finally:
         await reader.close()
 

@@ -20,10 +20,12 @@ from batchfleet.producers.gateway.auth import ApiKey
 from batchfleet.producers.gateway.models import (
     ChangeIn,
     ErrorResponse,
+    Guard,
     ModelList,
     ModelOut,
     PolicyIn,
     PolicyOut,
+    PromoteIn,
     RolloutOut,
 )
 from batchfleet.producers.gateway.routes import Gateway, GatewayDep, KeyDep
@@ -94,14 +96,13 @@ async def put_rollout(model: str, body: PolicyIn, gw: GatewayDep, key: KeyDep
     registered any; 422 says what is wrong, and nothing changes then. Admin keys only."""
     name = _admin(key, model)
     guard = None
-    if body.guard is not None:  # the thresholds HTTP sets; the CLI-only ones are kept
+    if body.guard is not None:
         record = await _rollouts(gw).registry.get(name)
-        guard = replace(record.policy.guard if record is not None else GuardThresholds(),
-                        error_points=body.guard.error_points,
-                        p99_ratio=body.guard.p99_ratio, min_window=body.guard.min_window)
+        guard = guard_from(body.guard,
+                           record.policy.guard if record is not None else GuardThresholds())
     done = await _rollouts(gw).set(name, stable=body.stable, canary=body.canary,
                                    percent=body.percent, shadow=body.shadow, guard=guard,
-                                   who=_who(key), why=body.why)
+                                   who=_who(key), why=body.why, force=body.force)
     return done.to_wire()
 
 
@@ -110,11 +111,13 @@ ChangeBody = Annotated[ChangeIn | None, Body()]
 
 @models.post("/models/{model}/rollout/promote", response_model=PolicyOut,
              responses=_READ_ERRORS)
-async def promote(model: str, gw: GatewayDep, key: KeyDep, body: ChangeBody = None
-                  ) -> dict[str, Any]:
-    """The canary becomes stable (422 when there is none). Admin keys only."""
+async def promote(model: str, gw: GatewayDep, key: KeyDep,
+                  body: Annotated[PromoteIn | None, Body()] = None) -> dict[str, Any]:
+    """The canary becomes stable (422 when there is none, or when its recorded shadow
+    agreement is below the guard's ``agreement`` without ``force``). Admin keys only."""
     done: RolloutPolicy = await _rollouts(gw).promote(
-        _admin(key, model), who=_who(key), why=body.why if body else "")
+        _admin(key, model), who=_who(key), why=body.why if body else "",
+        force=body.force if body else False)
     return done.to_wire()
 
 
@@ -127,3 +130,15 @@ async def rollback(model: str, gw: GatewayDep, key: KeyDep, body: ChangeBody = N
     done = await _rollouts(gw).rollback(_admin(key, model), who=_who(key),
                                         why=body.why if body else "")
     return done.to_wire()
+
+
+def guard_from(given: Guard, old: GuardThresholds) -> GuardThresholds:
+    """The thresholds a PUT's ``guard`` sets (pure): each key it names, as given (0 or
+    null turns ``psi``, ``nan_points`` or ``agreement`` off); each it leaves out kept from
+    ``old``, as ``rollout set`` keeps a flag left out."""
+    named = given.model_fields_set
+    changes: dict[str, Any] = {k: getattr(given, k) for k in named}
+    for key in ("psi", "nan_points", "agreement"):
+        if key in named:
+            changes[key] = changes[key] or None
+    return replace(old, **changes)

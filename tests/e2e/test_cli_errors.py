@@ -25,6 +25,8 @@ pytestmark = pytest.mark.e2e
 #: Commands that never reach Redis, or that serve on while it is down, with the reason.
 NOT_CLIENTS = {
     "gateway": "a server: it starts with Redis down and answers 503 per request",
+    "console": "a server: it starts with Redis down and answers 503 per read "
+               "(store_unavailable)",
     "gateway hash-key": "makes a key locally",
     "gateway openapi": "prints the schema from code",
     "models check": "loads a model locally, no broker (tests/unit/test_models_check.py)",

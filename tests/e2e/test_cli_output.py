@@ -134,7 +134,7 @@ async def test_status_and_rollout_status_in_every_format(redis_url: str) -> None
         _, out = await _acli("status", *at, "-o", "json")
         again = json.loads(out)  # the alias: the same document, the same keys
         assert list(again) == list(as_json) == ["taken_at", "namespace", "broker", "lanes",
-                                                "workers", "totals"]
+                                                "workers", "totals", "paused"]
         assert [w["worker_id"] for w in again["workers"]] == [worker_id]
         _, out = await _acli("status", *at, "-o", "yaml")
         assert [w["worker_id"] for w in yaml.safe_load(out)["workers"]] == [worker_id]

@@ -24,6 +24,7 @@ from batchfleet.producers.console.sessions import COOKIE, KeySource
 from batchfleet.producers.console.settings import ConsoleSettings
 from batchfleet.producers.gateway import hash_key
 from batchfleet.workers import Worker
+from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.models import load_model
 from tests.support.console import live_console
 from tests.support.fleet import running_worker
@@ -65,11 +66,15 @@ async def traffic(client: AsyncClient, model: str, stop: asyncio.Event) -> list[
     return ids
 
 
-def _status_json(redis_url: str) -> Any:
-    done = subprocess.run([sys.executable, "-m", "batchfleet", "status", "--json", "--broker",
-                           redis_url], capture_output=True, text=True, timeout=60, check=False)
+def _cli_json(*args: str) -> Any:
+    done = subprocess.run([sys.executable, "-m", "batchfleet", *args, "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def _status_json(redis_url: str) -> Any:
+    return _cli_json("status", "--broker", redis_url)
 
 
 def _prometheus(worker: Worker, model: str) -> dict[str, float]:
@@ -122,6 +127,15 @@ async def test_json_matches_status_and_prometheus_and_each_model_has_its_own_rat
 
             seen = await until(overview, settled)
             assert settled(seen)
+            await worker.find(OutputStats).flush()  # issue 27's panel: `models outputs`
+
+            def counted(o: Any) -> dict[str, Any]:
+                return {m: {r["version"]: r["count"] for r in rows}
+                        for m, rows in o["outputs"]["models"].items()}
+
+            stats = await until(overview, lambda o: counted(o).get("poison"))
+            cli = await asyncio.to_thread(_cli_json, "models", "outputs", "demo-mlp",
+                                          "--broker", redis_url)
             status = await asyncio.to_thread(_status_json, redis_url)
             letters = (await http.get(base + "api/dlq", params={"model": "poison",
                                                                 "limit": 3})).json()
@@ -138,6 +152,13 @@ async def test_json_matches_status_and_prometheus_and_each_model_has_its_own_rat
         done = prom.get("succeeded", 0) + prom.get("failed", 0) + prom.get("expired", 0)
         assert row["error_rate"] == round(prom.get("failed", 0) / done, 4)
     assert _model(seen, "poison")["error_rate"] == round(4 / 10, 4)
+    # each version's summary and drift, the rows `models outputs --json` prints; the
+    # failed requests never counted
+    assert counted(stats) == {"demo-mlp": {"default": len(ids)}, "poison": {"default": 6}}
+    assert stats["outputs"]["models"]["demo-mlp"] == cli
+    (row,) = cli
+    assert row["role"] == "stable" and row["reference"] is None and row["psi"] is None
+    assert 0.0 < row["p50"] < 1.0 and row["nan_rate"] == 0.0
     (queue,) = seen["dlq"]
     assert queue["model"] == "poison" and len(queue["letters"]) == 4
     assert sum(queue["error_types"].values()) == 4
@@ -270,3 +291,38 @@ async def test_the_gateway_mounts_the_console_behind_its_admin_keys(redis_url: s
                                    headers={"X-API-Key": "k-bill"})).status_code == 403
             shown = await http.get("/console/api/overview", headers={"X-API-Key": "k-root"})
             assert shown.status_code == 200 and shown.json()["namespace"] == "bf"
+
+
+async def test_the_cli_pauses_a_models_lanes_as_the_console_does_and_status_lists_it(
+        redis_url: str) -> None:
+    """``models pause MODEL --why`` sets the registry field the console's Pause sets: the
+    worker stops fetching that model, ``status`` lists it (who, why), the console shows it,
+    and ``models resume`` lets its held requests run."""
+    from tests.support.cli import run_cli
+
+    at = ("--broker", redis_url)
+    async with two_model_worker(redis_url) as worker, AsyncClient(redis_url) as client:
+        code, out, err = await run_cli("models", "pause", "poison", "--why", "bad upstream",
+                                       "--who", "alice", *at)
+        assert code == 0 and "lanes paused" in out, err
+        await until(lambda: worker.vitals()["operator_paused"], lambda p: p == ["poison"])
+        await until(worker.metrics.lane_pause_counts, lambda c: c.get("poison") == 1)
+        held = await client.submit_many("poison", ROWS[:3])
+        await asyncio.sleep(1.0)  # fetch rounds: none may take the paused lane
+        assert {(await client.get(rid)).status for rid in held} == {"pending"}  # type: ignore[union-attr]
+        status = await asyncio.to_thread(_status_json, redis_url)
+        assert set(status["paused"]) == {"poison"}
+        assert status["paused"]["poison"]["who"] == "alice"
+        assert status["paused"]["poison"]["why"] == "bad upstream"
+        code, table, err = await run_cli("status", "--once", *at)
+        assert code == 0 and "poison: lanes paused by alice" in table, err
+        with live_console(ConsoleSettings(broker=redis_url)) as base:
+            async with httpx.AsyncClient(timeout=30) as http:
+                row = _model((await http.get(base + "api/overview")).json(), "poison")
+        assert row["paused"]["who"] == "alice"
+        code, out, err = await run_cli("models", "resume", "poison", *at)
+        assert code == 0 and "lanes resumed" in out, err
+        assert {r.status for r in await client.wait_many(held, timeout=30)} == {"succeeded"}
+        code, _, err = await run_cli("models", "pause", "nope", *at)
+    assert code == 1 and "not in the registry" in err
+    assert (await asyncio.to_thread(_status_json, redis_url))["paused"] == {}

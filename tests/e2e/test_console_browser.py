@@ -46,6 +46,8 @@ class Page(HTMLParser):
         self.models: dict[str, dict[str, str]] = {}
         self.rollouts: dict[str, str] = {}
         self.letters: set[str] = set()
+        #: Models with an output-statistics card (issue 27's panel).
+        self.outputs: set[str] = set()
         self._row: str | None = None
         self._cell: str | None = None
         self._card: str | None = None
@@ -55,6 +57,8 @@ class Page(HTMLParser):
         a = dict(attrs)
         if self._card is not None:
             self._depth += tag == "div"
+        if tag == "div" and a.get("data-outputs-model"):
+            self.outputs.add(a["data-outputs-model"] or "")
         if tag == "tr" and a.get("data-model"):
             self._row = a["data-model"]
             self.models[self._row or ""] = {}
@@ -108,7 +112,8 @@ def _rate(page: Page, model: str) -> float:
 
 def _served(page: Page, poison_id: str) -> bool:
     return (_rate(page, "demo-mlp") > 0 and _rate(page, "poison") > 0
-            and REASON in page.rollouts.get("ranker", "") and poison_id in page.letters)
+            and REASON in page.rollouts.get("ranker", "") and poison_id in page.letters
+            and {"demo-mlp", "poison"} <= page.outputs)
 
 
 async def test_the_page_in_chromium_shows_rates_a_rollback_reason_and_a_dead_letter(
@@ -116,7 +121,8 @@ async def test_the_page_in_chromium_shows_rates_a_rollback_reason_and_a_dead_let
     assert BROWSER is not None
     await _rolled_back_rollout(redis_url)
     beats = RedisHeartbeats(redis_client(redis_url), Names("bf"))
-    async with two_model_worker(redis_url) as _, AsyncClient(redis_url) as client:
+    # one-second statistics windows, so the output panel fills while the page is up
+    async with two_model_worker(redis_url, stats_window_s=1) as _, AsyncClient(redis_url) as client:
         bad = ROWS[:1].copy()
         bad[0, 0] = POISON
         (poison_id,) = await client.submit_many("poison", bad)
@@ -142,7 +148,7 @@ async def test_the_page_in_chromium_shows_rates_a_rollback_reason_and_a_dead_let
             await task
     await beats.forget("w-ranker")
     assert page.models, "the page rendered no model rows"
-    assert _served(page, poison_id), (page.models, page.rollouts, page.letters)
+    assert _served(page, poison_id), (page.models, page.rollouts, page.letters, page.outputs)
     assert shot.stat().st_size > 10_000
     if target := os.environ.get("BATCHFLEET_CONSOLE_SCREENSHOT"):
         shutil.copyfile(shot, target)

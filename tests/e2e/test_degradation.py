@@ -5,7 +5,9 @@ DLQ replay of a degraded result, and the start-up refusals of the worker command
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,20 @@ def _rows(n: int, poison_at: list[int] = (), seed: int = 5) -> np.ndarray:  # ty
     return rows
 
 
+async def _status_lane(redis_url: str, model: str, done: Callable[[Any], bool]) -> Any:
+    """``status --json``'s interactive lane of ``model``, read again until ``done`` holds
+    (the next heartbeat carries the counts)."""
+    for _ in range(20):
+        code, out, err = await run_cli("status", "--json", "--broker", redis_url)
+        assert code == 0, err
+        lane = next(x for x in json.loads(out)["lanes"]
+                    if x["model"] == model and x["lane"] == "interactive")
+        if done(lane):
+            break
+        await asyncio.sleep(0.5)
+    return lane
+
+
 async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and_is_in_the_dlq(
         redis_url: str) -> None:
     poison_at = [3, 17, 40]
@@ -55,6 +71,12 @@ async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and
         finally:
             await ops.close()
         vitals = worker.vitals()
+        # each model's degraded share in `status` (and the console, which reads the same
+        # snapshot): 3 degraded of 64 terminal results; the heartbeat carries it
+        lane = await _status_lane(redis_url, "switch",
+                                  lambda x: x["degraded_rate"] == round(3 / 64, 4))
+    assert lane["degraded_rate"] == round(3 / 64, 4), lane
+    assert vitals["model_stats"]["switch"]["degraded"] == 3
     for i, r in enumerate(results[:60]):
         assert r.status == "succeeded", (i, r)
         if i in poison_at:
@@ -75,6 +97,31 @@ async def test_error_a_failing_request_succeeds_degraded_with_its_error_kept_and
     assert sorted(dl.request_id for dl in letters) == sorted([ids[i] for i in poison_at]
                                                              + [never[1]])
     assert vitals["degraded"] == {"switch:error": 3}
+
+
+async def test_the_cli_submit_degrade_never_fails_closed_and_allow_takes_the_fallback(
+        redis_url: str) -> None:
+    """``batchfleet submit --degrade never|allow`` (the SDK's ``degrade=``)."""
+    row = json.dumps(_rows(1, [0])[0].tolist())
+    at = ("--broker", redis_url, "-m", "switch", "--inputs", row, "--dtype", "float32",
+          "--wait", "30", "--json")
+    async with running_worker(redis_url, handlers={"switch": switchable(Switchable())},
+                              models=("switch",), max_attempts=1,
+                              fallback=fallback("switch=value:[0.25]"), **FAST):
+        never = await run_cli("submit", *at, "--degrade", "never")
+        allow = await run_cli("submit", *at)
+        bad = await run_cli("submit", *at, "--degrade", "sometimes")
+    code, out, err = never
+    assert code == 1, (out, err)
+    body = json.loads(out)
+    assert body["status"] == "failed" and body["error"]["type"] == "unavailable"
+    assert "degrade=never" in body["error"]["message"]
+    code, out, err = allow
+    assert code == 0, (out, err)
+    body = json.loads(out)
+    assert body["status"] == "succeeded" and body["degraded"] is True
+    assert body["outputs"] == [0.25]
+    assert bad[0] == 2 and "--degrade 'sometimes'" in bad[2]
 
 
 async def test_error_rules_and_model_steps_answer_in_order_and_a_failing_step_passes_on(
@@ -198,6 +245,48 @@ async def test_breaker_2000_requests_while_open_are_all_answered_degraded_at_onc
     assert not any(r.degraded for r in later)
 
 
+async def test_degraded_answers_never_enter_output_statistics_and_are_the_versions_errors(
+        redis_url: str, tmp_path: Path) -> None:
+    """Issue 27 <- 26: a fallback's answer is not the model's. It never enters the version's
+    output statistics (``models outputs``) and counts as the version's error for the
+    rollout guard, under the ``error`` trigger and with the breaker open alike."""
+    from batchfleet.connectors.output_report import read_rows
+    from batchfleet.workers.middleware.output_stats import OutputStats
+    from batchfleet.workers.middleware.rollout_stats import VersionStats
+
+    broken = tmp_path / "broken"
+    async with running_worker(redis_url, handlers={"flaky": file_switched(str(broken))},
+                              models=("flaky",), max_attempts=1, breaker_failures=2,
+                              breaker_cooldown_s=120, stats_window_s=1,
+                              fallback=fallback("flaky=value:[0.5]"), **FAST) as worker, \
+            AsyncClient(redis_url) as client:
+        healthy = await client.wait_many(await client.submit_many("flaky", _rows(30)), 30)
+        assert not any(r.degraded for r in healthy)
+        broken.touch()
+        degraded = []
+        for i in range(50):  # failed requests answered degraded until the breaker opens
+            degraded += await client.wait_many(await client.submit_many(
+                "flaky", _rows(8, seed=i)), 30)
+            if worker.guards.model.trips:
+                break
+        assert worker.guards.model_states()["flaky"] == "open"
+        held = await client.wait_many(await client.submit_many("flaky", _rows(100, seed=77)),
+                                      30)
+        assert {r.degraded_reason for r in held} == {"breaker"}
+        degraded += held
+        assert all(r.status == "succeeded" and r.degraded for r in degraded)
+        assert {r.degraded_reason for r in degraded} == {"error", "breaker"}
+        await worker.find(OutputStats).flush()
+        await worker.find(VersionStats).flush()
+        plane = worker.context.plane
+        (row,) = await read_rows(plane, "flaky", 600)
+        stats = (await plane.rollout_stats.read_versions("flaky", ["default"]))["default"]
+    assert row.version == "default" and row.outputs.count == len(healthy)  # none degraded
+    stable = stats.role("stable")
+    assert stable.requests == len(healthy) + len(degraded)
+    assert stable.errors == len(degraded)  # each one the version's error, once
+
+
 @pytest.mark.parametrize(("flag", "says"), [
     ("demo-mlp=model:ghost", "--fallback demo-mlp=model:ghost: this worker does not hold"),
     ("demo-mlp=rules:no_such_mod:f", "cannot import 'no_such_mod'"),
@@ -216,6 +305,9 @@ async def test_the_worker_refuses_a_chain_it_cannot_run_in_one_line(
 
 async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails_closed(
         redis_url: str, tmp_path: Path) -> None:
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+
     from batchfleet.producers.bulk import Endpoints, JobSpec, Tuning, run_job
     from tests.support.bulk_main import read_jsonl, write_jsonl
 
@@ -229,6 +321,30 @@ async def test_bulk_rows_carry_the_marks_the_summary_counts_them_and_never_fails
         never_spec = JobSpec.create("dg-2", "switch", tmp_path / "in.jsonl",
                                     tmp_path / "never.jsonl")
         never = await run_job(never_spec, Endpoints(redis_url), tuning=Tuning(degrade="never"))
+        # Parquet rows carry the same marks, as columns (null where not degraded)
+        pq.write_table(pa.table({"inputs": pa.array(x.tolist(), type=pa.list_(pa.float32()))}),
+                       tmp_path / "in.parquet")
+        pq_spec = JobSpec.create("dg-3", "switch", tmp_path / "in.parquet",
+                                 tmp_path / "out.parquet")
+        closed = await run_job(pq_spec, Endpoints(redis_url), tuning=Tuning(degrade="never"))
+        assert closed.failed == 2
+        before = pq.read_table(tmp_path / "out.parquet").to_pylist()
+        assert [r["row"] for r in before if r["status"] == "failed"] == [5, 30]
+        assert not any(r["degraded"] for r in before)
+        # --retry-failed rewrites the failed rows in place, the marks with them
+        marked = await run_job(pq_spec, Endpoints(redis_url), retry_failed=True)
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert marked.failed == 0 and len(table) == 40
+    for row in table:
+        if row["row"] in (5, 30):
+            assert row["degraded"] is True and row["degraded_reason"] == "error"
+            assert row["fallback"] == "value" and row["outputs"] == [0.5]
+            assert row["degraded_error"]["type"] == "model_error"
+            assert row["degraded_error"]["retryable"] is True
+        else:
+            assert row["status"] == "succeeded" and row["degraded"] is False
+            assert (row["degraded_reason"], row["fallback"], row["degraded_error"]) == (
+                None, None, None)
     out = read_jsonl(tmp_path / "out.jsonl")
     assert allow.succeeded == 40 and allow.degraded == 2 and allow.failed == 0
     for row in out:
@@ -303,6 +419,44 @@ async def test_cache_step_answers_each_input_with_its_own_stored_output_and_stal
             assert r.model_version == stored[0].model_version != ""
         else:
             assert r.fallback == "value" and r.outputs.tolist() == [-1.0]
+
+
+async def test_cache_step_never_answers_one_owner_with_anothers_entry_and_reads_per_version_scope(
+        redis_url: str) -> None:
+    """Under owner scope (the default) an entry alice's request stored never answers bob's
+    same input, while it answers alice's; with ``--cache-scope switch@default=shared`` the
+    step reads where that version's writes went (shared), so bob's is answered from it."""
+    from batchfleet.connectors.result_cache import SCOPE_OWNER, SCOPE_SHARED
+    from batchfleet.schemas.registry import DEFAULT_LABEL
+    from batchfleet.workers.per_model import PerModel
+
+    by_scope = {}
+    for seed, scope in ((13, PerModel(SCOPE_OWNER)),
+                        (14, PerModel(SCOPE_OWNER, ((("switch", DEFAULT_LABEL), SCOPE_SHARED),)))):
+        rows = _rows(4, seed=seed)  # inputs of their own: the first run's entries stay
+        model = Switchable()
+        async with running_worker(redis_url, handlers={"switch": switchable(model)},
+                                  models=("switch",), max_attempts=1, **FAST,
+                                  cache_ttl_s=PerModel(1), cache_stale_s=PerModel(60),
+                                  cache_scope=scope,
+                                  fallback=fallback("switch=cache|value:[-1.0]")) as worker, \
+                AsyncClient(redis_url) as client:
+            assert list(worker.context.versions["switch"]) == [DEFAULT_LABEL]
+            stored = await client.wait_many(
+                await client.submit_many("switch", rows, owner="alice"), 30)
+            assert not any(r.degraded or r.cached for r in stored)
+            await asyncio.sleep(1.5)  # past the freshness TTL: only the fallback reads them
+            model.broken = True
+            bob = await client.wait_many(
+                await client.submit_many("switch", rows[:2], owner="bob"), 30)
+            alice = await client.wait_many(
+                await client.submit_many("switch", rows[2:], owner="alice"), 30)
+        assert all(r.degraded and r.fallback == "cache" for r in alice)
+        assert [np.asarray(r.outputs).tolist() for r in alice] == [
+            np.asarray(r.outputs).tolist() for r in stored[2:]]
+        by_scope[scope.overrides != ()] = [r.fallback for r in bob]
+    assert by_scope[False] == ["value", "value"]  # owner scope: never alice's entry
+    assert by_scope[True] == ["cache", "cache"]  # shared for this version: read where written
 
 
 async def test_deadline_requests_are_answered_degraded_before_their_deadline_or_expire_if_never(

@@ -215,22 +215,58 @@ async def test_cli_guard_flags_and_the_agreement_gate(registry: RedisModelRegist
     assert "psi" not in off["guard"] and off["guard"]["agreement"] == 0.9
 
 
-async def test_an_http_guard_body_keeps_the_cli_only_thresholds(registry: RedisModelRegistry,
-                                                               redis_url: str) -> None:
-    """``PUT …/rollout`` with a ``guard`` object sets the three thresholds it has and keeps
-    ``psi``, ``nan_points`` and ``agreement`` (set from the CLI)."""
+async def test_an_http_guard_body_sets_the_output_thresholds_and_force_passes_the_gate(
+        registry: RedisModelRegistry, redis_url: str) -> None:
+    """``PUT …/rollout``: a ``guard`` object sets each threshold it names (0 turns ``psi``,
+    ``nan_points`` or ``agreement`` off) and keeps those it leaves out; the answer
+    carries them. A canary whose recorded shadow agreement is below ``agreement`` is
+    refused (422, nothing changes) unless ``force``, and so is its promotion."""
     await _rollout(redis_url, "set", "demo-mlp", "--stable", "default", "--guard-psi", "0.2",
                    "--guard-nan-points", "1", "--guard-agreement", "0.9")
+    url, admin = "/v1/models/demo-mlp/rollout", {"X-API-Key": ADMIN}
     with live_gateway(gateway_settings(redis_url, namespace=NS, keys=KEYS)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            kept = await http.put(url, headers=admin, json={
+                "stable": "default", "shadow": "v2",
+                "guard": {"error_points": 3, "p99_ratio": 4, "min_window": 100}})
+            assert kept.status_code == 200, kept.text
+            assert kept.json()["guard"] == {"error_points": 3.0, "p99_ratio": 4.0,
+                                            "min_window": 100, "psi": 0.2,
+                                            "nan_points": 1.0, "agreement": 0.9}
+            delta = ComparisonDelta(stable="default", shadow="v2")
+            for agrees in [True] * 60 + [False] * 40:
+                delta.add(Difference(0.5, 0.5, 1, agrees))
+            raw = redis_client(redis_url)
+            try:
+                await RedisRolloutStats(raw, Names(NS)).flush_comparisons(
+                    "demo-mlp", kept.json()["epoch"], delta)
+            finally:
+                await raw.aclose()
             body = {"stable": "default", "canary": "v2", "percent": 10,
-                    "guard": {"error_points": 3, "p99_ratio": 4, "min_window": 100}}
-            put = await http.put("/v1/models/demo-mlp/rollout", json=body,
-                                 headers={"X-API-Key": ADMIN})
-            assert put.status_code == 200, put.text
-    guard = (await registry.get_policy("demo-mlp")).guard
-    assert guard.to_wire() == {"error_points": 3.0, "p99_ratio": 4.0, "min_window": 100,
-                               "psi": 0.2, "nan_points": 1.0, "agreement": 0.9}
+                    "guard": {"psi": 0.3, "nan_points": 0, "agreement": 0.8}}
+            refused = await http.put(url, headers=admin, json=body)
+            assert refused.status_code == 422, refused.text
+            assert "refusing to make 'v2' the canary" in refused.json()["error"]["message"]
+            assert (await registry.get_policy("demo-mlp")).canary is None
+            bad = await http.put(url, headers=admin, json={**body, "guard": {"psi": -1}})
+            assert bad.status_code == 422
+            forced = await http.put(url, headers=admin, json={**body, "force": True})
+            assert forced.status_code == 200, forced.text
+            assert forced.json()["canary"] == "v2"
+            promote = f"{url}/promote"
+            refused = await http.post(promote, headers=admin, json={"why": "ship"})
+            assert refused.status_code == 422, refused.text
+            assert "refusing to promote 'v2'" in refused.json()["error"]["message"]
+            promoted = await http.post(promote, headers=admin,
+                                       json={"why": "ship", "force": True})
+            assert promoted.status_code == 200 and promoted.json()["stable"] == "v2"
+            assert forced.json()["guard"] == {"error_points": 3.0, "p99_ratio": 4.0,
+                                              "min_window": 100, "psi": 0.3,
+                                              "nan_points": None, "agreement": 0.8}
+    policy = await registry.get_policy("demo-mlp")
+    assert policy.stable == "v2" and policy.guard.to_wire() == {
+        "error_points": 3.0, "p99_ratio": 4.0, "min_window": 100, "psi": 0.3,
+        "agreement": 0.8}
 
 
 async def test_http_rollout_needs_an_admin_key(registry: RedisModelRegistry,

@@ -110,17 +110,22 @@ async def test_replay_reopens_a_degraded_success_and_not_a_model_answer(
     from batchfleet.schemas.envelopes import ErrorInfo, Result, encode_result
 
     results = backend.plane.results
-    degraded, computed = rid(), rid()
-    await results.put_pending([(degraded, b"p"), (computed, b"p")])
+    degraded, computed, lookalike = rid(), rid(), rid()
+    await results.put_pending([(degraded, b"p"), (computed, b"p"), (lookalike, b"p")])
     outputs = np.array([0.5], np.float32)
+    # a model's answer whose output bytes hold the degraded mark is still the model's
+    marked = np.frombuffer(b"\xa8degraded\xc3" * 2, np.uint8)
     bodies = [encode_result(Result(degraded, "succeeded", outputs, degraded=True,
                                    degraded_reason="error", fallback="value",
                                    degraded_error=ErrorInfo("model_error", "down", True))),
-              encode_result(Result(computed, "succeeded", outputs))]
+              encode_result(Result(computed, "succeeded", outputs)),
+              encode_result(Result(lookalike, "succeeded", marked))]
     assert await results.write_terminal([TerminalWrite(degraded, "succeeded", bodies[0]),
-                                         TerminalWrite(computed, "succeeded", bodies[1])]
-                                        ) == [True, True]
-    assert await results.reopen_for_replay([(degraded, b"p1"), (computed, b"p1")]) == [1, -1]
+                                         TerminalWrite(computed, "succeeded", bodies[1]),
+                                         TerminalWrite(lookalike, "succeeded", bodies[2])]
+                                        ) == [True, True, True]
+    assert await results.reopen_for_replay([(degraded, b"p1"), (computed, b"p1"),
+                                            (lookalike, b"p1")]) == [1, -1, -1]
     assert await results.write_terminal([TerminalWrite(degraded, "succeeded", b"model",
                                                        generation=1)]) == [True]
 

@@ -39,7 +39,8 @@ def test_a_degraded_result_round_trips_and_a_plain_one_keeps_its_bytes() -> None
     assert back.degraded and back.degraded_reason == "error" and back.fallback == "value"
     assert back.degraded_error == CAUSE and back.error is None and back.model_version == ""
     keys = list(msgpack.unpackb(body))
-    assert keys[-4:] == ["degraded", "degraded_reason", "fallback", "degraded_error"]
+    assert keys[0] == "degraded" and keys[-3:] == ["degraded_reason", "fallback",
+                                                   "degraded_error"]
     plain = Result("r2", "succeeded", np.array([0.5], np.float32))
     assert "degraded" not in msgpack.unpackb(encode_result(plain))
     assert not decode_result(encode_result(plain)).degraded
@@ -86,4 +87,10 @@ def test_replay_reopens_failed_pending_and_degraded_records_only() -> None:
     assert reopenable("failed", None) and reopenable("pending", b"")
     assert reopenable("succeeded", encode_result(_degraded()))
     assert not reopenable("succeeded", encode_result(Result("r", "succeeded")))
+    # a model's own answer whose output bytes happen to hold the mark is not reopened
+    lookalike = np.frombuffer(b"\xa8degraded\xc3" * 3, np.uint8)
+    assert not reopenable("succeeded", encode_result(Result("r", "succeeded", lookalike)))
+    many = Result("r", "succeeded", lookalike, owner="o", cached=False, degraded=True,
+                  degraded_reason="error", fallback="value")  # map16: 3 header bytes
+    assert reopenable("succeeded", encode_result(many))
     assert not reopenable("expired", None)

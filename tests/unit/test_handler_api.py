@@ -152,3 +152,41 @@ def test_input_spec_setting_fills_a_missing_spec_and_refuses_a_contradiction() -
     with pytest.raises(ConfigError, match=r"takes float32\[10\]; --input-spec int64\[3\]"):
         load_model("demo-mlp", input_spec=TensorSpec("int64", (3,)))
 
+
+
+class Gated(Doubler):
+    """A preprocess that hangs on a row of 99 until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def preprocess(self, inputs: Sequence[Tensors]) -> Any:
+        if any(float(np.asarray(x)[0]) == 99 for x in inputs):
+            self.release.wait(30)
+        return super().preprocess(inputs)
+
+
+async def test_a_preprocess_timeout_gives_up_only_its_own_batch() -> None:
+    """The preprocess pool is shared by the lanes: one batch's timeout must not cancel
+    another's preprocess queued behind it, and new batches go to a fresh thread."""
+    import asyncio
+
+    handler = Gated()
+    compute = ComputeThread({"doubler": handler}, torch.device("cpu"))  # type: ignore[dict-item]
+    row: list[Tensors] = [np.ones(2, np.float32)]
+    try:
+        hang: list[Tensors] = [np.full(2, 99, np.float32)]
+        hung = asyncio.create_task(compute._prepared("doubler", hang, 0.3))
+        await asyncio.sleep(0.05)  # the hung one holds the thread
+        queued = asyncio.create_task(compute._prepared("doubler", row, 30.0))
+        assert await hung is None  # given up: the compute thread will preprocess it
+        fresh = await asyncio.wait_for(compute._prepared("doubler", row, 30.0), 10.0)
+        assert fresh is not None and fresh.batch.tolist() == [[1, 1]]  # a fresh thread
+        assert not queued.done()  # still waiting behind the hung thread: not cancelled
+        handler.release.set()
+        got = await asyncio.wait_for(queued, 10.0)  # runs once the hung thread returns
+        assert got is not None and got.batch.tolist() == [[1, 1]]
+    finally:
+        handler.release.set()
+        compute.shutdown()

@@ -108,10 +108,69 @@ async def test_guard_evidence_merges_settled_windows_once_and_rereads_recent_one
     await plane.close()
 
 
-def test_outputs_a_summary_cannot_read_are_dropped_never_raised() -> None:
+async def test_outputs_a_summary_cannot_read_are_dropped_never_raised() -> None:
     mw = OutputStats(PerModel(None), window_s=60, keep_s=3600)
     ragged = [np.zeros(2), np.zeros(3)] * 2048  # shapes change between requests
     mw.record("m", "v1", ragged, [np.zeros(1)] * len(ragged), now=0.0)  # folds: no raise
     mw.record("m", "v1", [np.zeros(2)], [np.zeros(1)], now=0.0)
-    (_, flush), = mw.take()
+    (_, flush), = await mw.take()
     assert flush.deltas[("v1", "outputs")].rows == 1  # only what could be read
+
+
+async def test_folds_run_on_the_statistics_thread_never_on_the_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image model's fold takes milliseconds per request: record() only holds and
+    hands off, and the summaries are computed on another thread than the caller's."""
+    import threading
+
+    from batchfleet.workers.middleware import output_stats
+
+    threads: list[int] = []
+    real = output_stats.summarise_batch
+
+    def spy(tensors: list[Any], kind: str | None) -> Any:
+        threads.append(threading.get_ident())
+        return real(tensors, kind)
+
+    monkeypatch.setattr(output_stats, "summarise_batch", spy)
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600)
+    image = np.ones((3, 224, 224), np.float32)  # 602 KB a request: folds by bytes
+    rows = output_stats.FOLD_BYTES // image.nbytes + 1
+    mw.record("m", "v1", [np.zeros(4, np.float32)] * rows, [image] * rows, now=0.0)
+    held = mw._held[(0, "m", "v1")]
+    assert not held.outputs and len(held.pending) == 1  # handed off, not summarised here
+    mw.record("m", "v1", [np.zeros(4, np.float32)], [image], now=0.0)
+    (_, flush), = await mw.take()
+    assert flush.deltas[("v1", "inputs")].rows == rows + 1
+    assert threads and threading.get_ident() not in threads
+    await mw.on_stop(None)  # type: ignore[arg-type]
+
+
+async def test_a_statistics_thread_that_falls_behind_leaves_batches_out_never_holds_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory stays bounded: past ``max_pending`` queued folds a batch is left out of the
+    statistics (logged), not held; a flush's remainder is still counted."""
+    import threading
+
+    from batchfleet.workers.middleware import output_stats
+
+    gate = threading.Event()
+    real = output_stats.summarise_batch
+
+    def slow(tensors: list[Any], kind: str | None) -> Any:
+        gate.wait(10)
+        return real(tensors, kind)
+
+    monkeypatch.setattr(output_stats, "summarise_batch", slow)
+    mw = OutputStats(PerModel(None), window_s=60, keep_s=3600, max_pending=1)
+    fold = [np.zeros(1, np.float32)] * output_stats.FOLD_ROWS
+    mw.record("m", "v1", fold, fold, now=0.0)  # queued on the (blocked) thread
+    mw.record("m", "v1", fold, fold, now=0.0)  # one fold behind already: left out
+    held = mw._held[(0, "m", "v1")]
+    assert len(held.pending) == 1 and not held.outputs and mw._skipped == len(fold)
+    mw.record("m", "v1", fold[:5], fold[:5], now=0.0)
+    gate.set()
+    (_, flush), = await mw.take()
+    assert flush.deltas[("v1", "outputs")].rows == len(fold) + 5
+    assert mw._skipped == 0  # reported at the flush
+    await mw.on_stop(None)  # type: ignore[arg-type]

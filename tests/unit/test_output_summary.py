@@ -24,6 +24,7 @@ from batchfleet.connectors.output_summary import (
     buckets_of,
     from_fields,
     guess_kind,
+    row_norms,
     summarise,
     summarise_batch,
     to_fields,
@@ -217,3 +218,40 @@ def test_per_feature_moments_merge_round_trip_and_show_one_features_shift() -> N
     nan_batch = b.copy()
     nan_batch[0, 0] = np.nan  # a batch holding NaN keeps no per-feature moments
     assert summarise_batch(list(nan_batch), None).series["output"].col_rows == 0
+
+
+def test_an_image_summary_norm_is_numpys_without_a_float64_copy() -> None:
+    """A float32[3,224,224] request's ``:norm`` is numpy's float64 norm (to 1e-6), though
+    the rows are never copied whole to float64."""
+    rows = np.random.default_rng(3).standard_normal((5, 3, 224, 224)).astype(np.float32) * 4
+    want = np.linalg.norm(rows.reshape(5, -1).astype(np.float64), axis=1)
+    got = row_norms(rows.reshape(5, -1))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    norm = summarise_batch(list(rows), None).series["output:norm"]
+    assert norm.count == 5
+    assert norm.total == pytest.approx(float(want.sum()), rel=1e-6)
+    assert norm.squares == pytest.approx(float((want.astype(np.float32) ** 2).sum()), rel=1e-5)
+
+
+def test_requests_with_a_nan_are_counted_once_merged_and_round_tripped() -> None:
+    """A NaN row of float32[10] is 10 NaN values but one request; ``nan_rows`` counts
+    requests (across named tensors, once each), merges by addition and survives the wire."""
+    from batchfleet.workers.output_evidence import evidence_of
+
+    rows = np.random.default_rng(5).standard_normal((300, 10)).astype(np.float32)
+    rows[[3, 50, 200]] = np.nan
+    plain = summarise_batch(list(rows), "scores")
+    assert plain.series["output"].nan == 30 and plain.nan_rows == 3
+    named = summarise_batch([{"a": r, "b": np.array([r[0], 1.0], np.float32)} for r in rows], None)
+    assert named.nan_rows == 3  # the same three requests, NaN in both tensors
+    merged = Summary()
+    merged.merge(plain)
+    merged.merge(named)
+    assert merged.nan_rows == 6
+    back = from_fields({k: str(v) for k, v in {**to_fields(merged)[0]}.items()})
+    assert back.nan_rows == 6
+    assert "nan_rows" not in to_fields(summarise_batch(list(rows[:3] * 0), None))[0]
+    clean = summarise_batch(list(np.zeros((300, 10), np.float32)), "scores")
+    found = evidence_of({("c", "outputs"): plain, ("s", "outputs"): clean}, "c", "s")
+    assert found is not None
+    assert (found[0].rows, found[0].nan_rows, found[0].nan_count) == (300, 3, 30)

@@ -62,7 +62,8 @@ async def test_nan_evidence_rolls_the_canary_back_and_none_is_skipped() -> None:
         assert guard._said_no_evidence and guard.rollbacks == []
         assert (await plane.models.get_policy("demo-mlp")).canary == "v2"
 
-        source = HandMade(OutputEvidence(5000, 250, None), OutputEvidence(20_000, 0, None))
+        source = HandMade(OutputEvidence(5000, 250, None, 5000, 250),
+                          OutputEvidence(20_000, 0, None, 20_000, 0))
         guard._evidence = source
         await guard.check()
         after = await plane.models.get_policy("demo-mlp")
@@ -77,6 +78,7 @@ async def test_nan_evidence_rolls_the_canary_back_and_none_is_skipped() -> None:
     assert source.asked[0][:3] == ("demo-mlp", "v2", "default")
     assert source.asked[0][3] == history[1].at  # since the epoch's own history entry
     assert (history[0].who, history[0].action) == ("guard", "rollback")
-    assert history[0].why.startswith("canary NaN rate 5.0% (250 of 5000) vs stable 0.0% "
-                                     "(0 of 20000) output values: excess 5.0 > 1 points")
+    assert history[0].why.startswith(
+        "canary NaN rate 5.0% (250 of 5000) vs stable 0.0% (0 of 20000) requests with a NaN "
+        "output (output values 5.0% (250 of 5000) vs 0.0% (0 of 20000)): excess 5.0 > 1 points")
     assert [r[2] for r in guard.rollbacks] == [history[0].why]

@@ -18,7 +18,7 @@ from batchfleet.workers.rollout_verdicts import (
     ALPHA,
     CONSECUTIVE,
     MIN_BATCHES,
-    MIN_VALUES,
+    MIN_ROWS,
     Z_CRIT,
     Streak,
     error_verdict,
@@ -144,27 +144,39 @@ def test_guard_verdict_combines_errors_and_outputs_only_with_a_canary() -> None:
     policy = RolloutPolicy("v1", canary="v2", percent=20, guard=G)
     assert guard_verdict(policy, _role(2000), _role(500, 105)) is not None
     assert guard_verdict(RolloutPolicy("v1"), _role(10), _role(10_000, 9_000)) is None
-    nan = (OutputEvidence(5000, 250, None), OutputEvidence(20_000, 0, None))
+    nan = (_ev(5000, 250), _ev(20_000, 0))
     assert guard_verdict(policy, _role(2000), _role(500), nan) is None  # no nan threshold
     with_nan = RolloutPolicy("v1", canary="v2", percent=20,
                              guard=GuardThresholds(nan_points=1.0))
     why = guard_verdict(with_nan, _role(2000), _role(500), nan)
     assert why is not None and why.startswith("canary NaN rate 5.0% (250 of 5000) vs stable "
-                                              "0.0% (0 of 20000) output values")
+                                              "0.0% (0 of 20000) requests with a NaN output")
+
+
+def _ev(rows: int, nan_rows: int, per_row: int = 1) -> OutputEvidence:
+    """Evidence of ``rows`` requests of ``per_row`` output values, ``nan_rows`` all NaN."""
+    return OutputEvidence(rows * per_row, nan_rows * per_row, None, rows, nan_rows)
 
 
 def test_nan_verdict_needs_counts_effect_and_significance() -> None:
-    clean = OutputEvidence(20_000, 0, None)
-    assert nan_verdict(1.0, clean, OutputEvidence(MIN_VALUES - 1, 200, None)) is None
-    assert nan_verdict(1.0, clean, OutputEvidence(5000, 250, None)) is not None
-    assert nan_verdict(1.0, OutputEvidence(20_000, 900, None),
-                       OutputEvidence(5000, 250, None)) is None  # 5% vs 4.5%: 0.5 points
-    # 1.5 points over 2,000 vs 2,000 values: 40 vs 10 NaN, z = 4.3: significant
-    assert nan_verdict(1.0, OutputEvidence(2000, 10, None),
-                       OutputEvidence(2000, 40, None)) is not None
+    clean = _ev(20_000, 0)
+    assert nan_verdict(1.0, clean, _ev(MIN_ROWS - 1, 200)) is None
+    assert nan_verdict(1.0, clean, _ev(5000, 250)) is not None
+    assert nan_verdict(1.0, _ev(20_000, 900), _ev(5000, 250)) is None  # 5% vs 4.5%: 0.5 points
+    # 1.5 points over 2,000 vs 2,000 requests: 40 vs 10 NaN, z = 4.3: significant
+    assert nan_verdict(1.0, _ev(2000, 10), _ev(2000, 40)) is not None
     # 6 vs 0 of 2,000: only 0.3 points (below the effect) and z = 2.45 (not significant)
-    assert nan_verdict(1.0, OutputEvidence(2000, 0, None),
-                       OutputEvidence(2000, 6, None)) is None
+    assert nan_verdict(1.0, _ev(2000, 0), _ev(2000, 6)) is None
+
+
+def test_nan_verdict_counts_requests_not_the_elements_of_a_poisoned_row() -> None:
+    """float32[10] outputs, NaN in whole rows: 8 of 2,000 requests against none is z = 2.83
+    (not significant); counted as 80 of 20,000 values it read z = 8.95 and rolled back."""
+    stable, canary = _ev(2000, 0, per_row=10), _ev(2000, 8, per_row=10)
+    assert two_proportion_z(80, 20_000, 0, 20_000) > Z_CRIT  # the old, inflated test
+    assert nan_verdict(0.2, stable, canary) is None
+    # and the minimum is in requests: 300 requests of 10 values each are not judged
+    assert nan_verdict(0.2, _ev(300, 0, per_row=10), _ev(300, 30, per_row=10)) is None
 
 
 def test_psi_verdict_uses_the_sources_psi_once_it_has_one() -> None:

@@ -26,6 +26,9 @@ TRIGGERS: Final = ("error", "breaker", "deadline", "overload")
 STEP_KINDS: Final = ("cache", "model", "rules", "value", "fail")
 #: Steps cheap enough to answer an overload (no model runs).
 CHEAP: Final = frozenset({"cache", "rules", "value"})
+#: Steps that compute nothing in this process: all a quarantined (``crash_loop``)
+#: request may be answered by, since it may kill whatever computes it.
+INERT: Final = frozenset({"cache", "value"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +60,17 @@ class FallbackChain:
         """Does any step answer (a chain of ``fail`` alone is the default, fail closed)?"""
         return any(s.kind != "fail" for s in self.steps)
 
-    def answering(self, cheap_only: bool = False, skip_model: str | None = None
-                  ) -> tuple[Step, ...]:
-        """The steps to try, up to the first ``fail``: only cheap ones under overload, and
-        never a ``model:`` step naming ``skip_model`` (its breaker is open)."""
+    def answering(self, cheap_only: bool = False, skip_model: str | None = None,
+                  inert_only: bool = False) -> tuple[Step, ...]:
+        """The steps to try, up to the first ``fail``: only cheap ones under overload, only
+        inert ones for a quarantined request, and never a ``model:`` step naming
+        ``skip_model`` (its breaker is open)."""
         out: list[Step] = []
         for step in self.steps:
             if step.kind == "fail":
                 break
-            if cheap_only and step.kind not in CHEAP:
+            if (cheap_only and step.kind not in CHEAP) or (
+                    inert_only and step.kind not in INERT):
                 continue
             if step.kind == "model" and skip_model is not None and \
                     step.target()[0] == skip_model:

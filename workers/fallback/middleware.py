@@ -22,24 +22,26 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.result_cache import SCOPE_OWNER
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.completion import Completed
 from batchfleet.workers.fallback.answers import TRIGGER_CAUSES, refuses, unavailable_answer
+from batchfleet.workers.fallback.arrivals import Arrivals
 from batchfleet.workers.fallback.chain import (
     FallbackChain,
     check_chain,
     check_value,
     load_rules,
 )
-from batchfleet.workers.fallback.policy import DegradingPolicy
+from batchfleet.workers.fallback.policy import INERT_ONLY, DegradingPolicy
 from batchfleet.workers.fallback.steps import ChainRunner, cache_lookup
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.middleware.breakers import Breakers
+from batchfleet.workers.middleware.result_cache import BY_OWNER, scope_for
 from batchfleet.workers.middleware.rollout_stats import VersionStats
 from batchfleet.workers.models import versions as model_versions
+from batchfleet.workers.per_model import PerModel
 from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.slo import CostFit
 
@@ -60,18 +62,20 @@ class Degrade(Middleware):
     def __init__(self, chains: Mapping[str, FallbackChain],
                  triggers: Mapping[str, frozenset[str]], *, cache_on: Mapping[str, bool],
                  metrics: WorkerMetrics | None = None,
-                 scopes: Mapping[str, str] | None = None,
+                 scopes: PerModel[str] | None = None,
                  shed_after_ms: Mapping[str, float | None] | None = None,
                  max_batch_size: int = 64, max_wait_ms: float = 5.0) -> None:
         #: ``--shed-after-ms``: the ``overload`` trigger's mark, per model (None: off).
         self._shed_s = {m: ms / 1000.0 for m, ms in (shed_after_ms or {}).items()
                         if ms is not None}
         self._max_batch, self._max_wait_s = max_batch_size, max_wait_ms / 1000.0
+        #: When each fetched job of a shedding model arrived, for the ``overload`` age.
+        self._arrivals = Arrivals()
         #: Each model's batch cost against size (``workers/slo.py``), for ``deadline``.
         self._cost: dict[str, CostFit] = {}
         self._in_flight: Callable[[], dict[str, int]] = dict
-        #: Each model's ``--cache-scope`` (the ``cache`` step reads within it).
-        self._scopes = dict(scopes or {})
+        #: ``--cache-scope`` (the ``cache`` step reads where the cache writes: per version).
+        self._scopes = scopes or BY_OWNER
         #: Models with a chain that answers (a chain of ``fail`` alone changes nothing).
         self.chains = {m: c for m, c in chains.items() if c.active}
         self.triggers = {m: triggers.get(m, frozenset()) for m in self.chains}
@@ -102,8 +106,10 @@ class Degrade(Middleware):
             runner.rules = {s: load_rules(s.arg) for s in chain.steps if s.kind == "rules"}
             if any(s.kind == "cache" for s in chain.steps):
                 runner.lookup = cache_lookup(ctx.plane.result_cache, model,
-                                             self._scopes.get(model, SCOPE_OWNER))
+                                             self._scope_of(model, next(iter(versions[model]))))
             self.runners[model] = runner
+        if self._metrics is not None:  # each model's degraded share in `status`
+            self._metrics.watch_degraded(self.chains)
         self._versions = ctx.find(VersionStats)
         self._in_flight = ctx.in_flight
         breakers = ctx.find(Breakers)
@@ -111,6 +117,11 @@ class Degrade(Middleware):
         if breakers is not None and drain:
             self._guards = breakers.guards
             self._guards.draining = drain
+
+    def _scope_of(self, model: str, first: str) -> Callable[[Job], str]:
+        """A job's cache scope as the cache's writes resolve it: by the version label its
+        batch computes on (routing's choice, else the model's first version)."""
+        return lambda job: scope_for(self._scopes, model, job.version or first)
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
         for model, runner in self.runners.items():
@@ -134,14 +145,22 @@ class Degrade(Middleware):
         answered: list[Answer] = []
         left: list[Job] = []
         for model, group in _by_model(jobs).items():
-            got, rest = await self.degrade(model, group, "error", errors)
-            answered += got
-            left += rest
+            # A quarantined request may kill whatever computes it: only steps that compute
+            # nothing answer it, or a fallback that dies too would loop it forever.
+            poison = [j for j in group if errors[j.request.request_id].type in INERT_ONLY]
+            rest_of = [j for j in group if errors[j.request.request_id].type not in INERT_ONLY]
+            for part, inert in ((rest_of, False), (poison, True)):
+                if part:
+                    got, rest = await self.degrade(model, part, "error", errors,
+                                                   inert_only=inert)
+                    answered += got
+                    left += rest
         return answered, left
 
     async def degrade(self, model: str, jobs: Sequence[Job], reason: str,
                       causes: Mapping[str, ErrorInfo] | ErrorInfo, *, cheap_only: bool = False,
-                      skip_model: str | None = None) -> tuple[list[Answer], list[Job]]:
+                      skip_model: str | None = None, inert_only: bool = False
+                      ) -> tuple[list[Answer], list[Job]]:
         """Answer ``jobs`` of ``model`` from its chain (or fail closed those that refuse a
         fallback): the answers, and the jobs the chain could not answer. Under
         ``deadline`` a request that refuses a fallback is left as it is: it expires, as it
@@ -153,7 +172,8 @@ class Degrade(Middleware):
                    [unavailable_answer(j, reason, _cause(causes, j), now) for j in refusing])
         got, left = await self.runners[model].answer(willing, reason, causes,
                                                      cheap_only=cheap_only,
-                                                     skip_model=skip_model)
+                                                     skip_model=skip_model,
+                                                     inert_only=inert_only)
         if got or answers:
             self._started(model, reason, len(got) + len(answers))
         if reason == "deadline":
@@ -183,6 +203,8 @@ class Degrade(Middleware):
                 and j.request.deadline_at - now < self.predicted_s(model, ahead + i, size)]
 
     async def after_decode(self, intake: Intake) -> None:
+        if self._shed_s:
+            self._arrivals.note([j for j in intake.jobs if j.request.model in self._shed_s])
         if not any(self.on(m, "deadline") for m in self.runners):
             return
         now, held = time.time(), self._in_flight()
@@ -222,8 +244,8 @@ class Degrade(Middleware):
             _take(batch, got)
         mark = self._shed_s.get(model)
         if mark is not None and self.on(model, "overload") and batch.jobs:
-            old = [j for j in batch.jobs
-                   if j.request.enqueued_at and now - j.request.enqueued_at > mark]
+            ages = self._arrivals.ages_s(batch.jobs)  # our clock, not the producer's
+            old = [j for j, age in zip(batch.jobs, ages, strict=True) if age > mark]
             if old:
                 got, _ = await self.degrade(model, old, "overload",
                                             TRIGGER_CAUSES["overload"], cheap_only=True)
@@ -262,8 +284,8 @@ class Degrade(Middleware):
             key = f"{result.model}:{result.degraded_reason}"
             self.counts[key] = self.counts.get(key, 0) + 1
             if self._metrics is not None:
-                self._metrics.degraded.labels(result.model, result.degraded_reason,
-                                              result.fallback).inc()
+                self._metrics.on_degraded(result.model, result.degraded_reason or "",
+                                          result.fallback)
 
     def vitals(self) -> dict[str, Any]:
         """``degraded`` (counts per model and reason) and ``degraded_rps`` (the column
@@ -354,7 +376,7 @@ async def _one_output(handler: Any) -> Any:
 def degrade_middleware(chains: Mapping[str, FallbackChain],
                        triggers: Mapping[str, frozenset[str]], cache_on: Mapping[str, bool],
                        metrics: WorkerMetrics | None,
-                       scopes: Mapping[str, str] | None = None, **options: Any
+                       scopes: PerModel[str] | None = None, **options: Any
                        ) -> list[Middleware]:
     """``[Degrade(...)]`` when some model has a chain that answers; else nothing.
     ``options``: ``shed_after_ms``, ``max_batch_size``, ``max_wait_ms``."""

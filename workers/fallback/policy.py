@@ -19,6 +19,11 @@ from batchfleet.workers.jobs import Answer, Job
 #: Failures of the model itself (after retries), which the ``error`` trigger answers.
 DEGRADABLE: Final = frozenset({"model_error", "output_mismatch", "timeout", "stalled", "oom",
                                "crash_loop"})
+#: Of those, failures only steps that compute nothing (``chain.INERT``) may answer: a
+#: quarantined request killed the worker each time it ran, and a ``model:`` or ``rules:``
+#: step in the same process could too (then it is redelivered, quarantined, and run
+#: through the fallback again, forever).
+INERT_ONLY: Final = frozenset({"crash_loop"})
 
 #: (failed jobs, each one's error by request ID) -> (answers, jobs left failed).
 Degrader = Callable[[Sequence[Job], dict[str, ErrorInfo]],

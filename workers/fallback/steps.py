@@ -59,12 +59,13 @@ class ChainRunner:
 
     async def answer(self, jobs: Sequence[Job], reason: str,
                      causes: Mapping[str, ErrorInfo] | ErrorInfo, *, cheap_only: bool = False,
-                     skip_model: str | None = None) -> tuple[list[Answer], list[Job]]:
+                     skip_model: str | None = None, inert_only: bool = False
+                     ) -> tuple[list[Answer], list[Job]]:
         """Degraded answers for the jobs the chain could answer, and the jobs it could not.
         ``causes``: each request's failure by ID, or one for all (a breaker open)."""
         left = list(jobs)
         answered: list[Answer] = []
-        for step in self.chain.answering(cheap_only, skip_model):
+        for step in self.chain.answering(cheap_only, skip_model, inert_only):
             if not left:
                 break
             outputs, versions, started, compute_ms = await self._run(step, left)
@@ -122,14 +123,15 @@ class ChainRunner:
                         model=self.model, step=step.name, error=f"{type(exc).__name__}: {exc}")
 
 
-def cache_lookup(cache: ResultCache, model: str, scope: str) -> Lookup:
+def cache_lookup(cache: ResultCache, model: str, scope_of: Callable[[Job], str]) -> Lookup:
     """The ``cache`` step's read: each job's version-free entry (``ANY_VERSION``) in its
-    cache scope, one MGET per batch; a request that opted out of the cache, a store
-    error or a read slower than ``CACHE_TIMEOUT_S``: None (the next step answers)."""
+    cache scope (``scope_of``: the scope its version's writes use), one MGET per batch; a
+    request that opted out of the cache, a store error or a read slower than
+    ``CACHE_TIMEOUT_S``: None (the next step answers)."""
 
     async def lookup(jobs: Sequence[Job]) -> list[CacheEntry | None]:
         keys = [cache_key(model, ANY_VERSION, j.request.inputs, owner=j.request.owner,
-                          scope=scope) if j.request.cache else None for j in jobs]
+                          scope=scope_of(j)) if j.request.cache else None for j in jobs]
         wanted = [k for k in keys if k is not None]
         try:
             found = await asyncio.wait_for(cache.get_many(wanted), CACHE_TIMEOUT_S)

@@ -22,7 +22,9 @@ from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
 from batchfleet.workers.middleware.pipelines import PipelineAdvance
 from batchfleet.workers.middleware.quarantine import Quarantine
+from batchfleet.workers.middleware.repository import repository_watch
 from batchfleet.workers.middleware.request_log import RequestLog
+from batchfleet.workers.middleware.residency import model_residency
 from batchfleet.workers.middleware.result_cache import result_cache
 from batchfleet.workers.middleware.rollout_guard import RolloutGuard
 from batchfleet.workers.middleware.rollout_stats import PolicyCache, VersionStats
@@ -58,11 +60,12 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     chain += [LeaseKeeper(s.claim_idle_ms), stats, CancelledDrop(),
               # before Breakers: it answers an open breaker's batches from the chain
               *degrade_middleware(chains, s.degrade_triggers(served), cache_on, metrics,
-                                 {m: s.cache_scope.for_model(m) for m in served},
+                                 s.cache_scope,
                                  shed_after_ms={m: s.shed_after_ms.for_model(m)
                                                 for m in served},
                                  max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms),
-              Breakers(guards), OperatorPauses(),
+              Breakers(guards), OperatorPauses(), *model_residency(s, metrics),
+              *repository_watch(s),
               StuckCompute(s.stuck_exit_s),
               Quarantine(s.quarantine_after, stats.stats), Routing(),
               # after Routing (key: version)

@@ -38,8 +38,9 @@ class Metrics(Middleware):
         self._ctx = ctx
 
     async def on_ready(self, ctx: WorkerContext, warmup_s: dict[str, float]) -> None:
-        for model, seconds in warmup_s.items():
+        for model, seconds in warmup_s.items():  # none yet for a model loaded on demand
             self.metrics.model_load.labels(model).set(seconds)
+        for model in ctx.handlers:
             self.metrics.up.labels(model).set(1)
         for model, info in runtime_info(ctx.handlers).items():  # docs/runtimes.md
             for stat in ("max_abs", "mean_abs", "relative"):

@@ -3,11 +3,13 @@
 Why a middleware and not the spine: counting what a model answered is a side concern,
 and its cost must stay off the hot path. ``after_compute`` only keeps references to a
 batch's successful outputs and inputs (:func:`counted`, the one place that decides
-what counts); every :data:`FOLD_ROWS` requests, and at each flush, they are stacked and
-summarised in a few numpy calls (``connectors.output_summary``), and every ``every_s``
-the deltas are added into the control plane's time windows. Every ``report_every_s``
-the fleet-merged drift of this worker's models is read back into the Prometheus gauges
-``batchfleet_output_drift`` and ``batchfleet_output_nan_ratio``.
+what counts); once :data:`FOLD_ROWS` requests or :data:`FOLD_BYTES` are held, and at
+each flush, they are stacked and summarised (``connectors.output_summary``) on the
+middleware's own thread, never on the event loop (an image model's fold takes
+milliseconds per request; leases and heartbeats must not wait for it) nor on the compute
+thread; every ``every_s`` the deltas are added into the control plane's time windows.
+Every ``report_every_s`` the fleet-merged drift of this worker's models is read back into
+the Prometheus gauges ``batchfleet_output_drift`` and ``batchfleet_output_nan_ratio``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,6 +43,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("batchfleet.worker")
 #: Requests held per (window, model, version) before they are summarised.
 FOLD_ROWS: Final = 4096
+#: Bytes of outputs and inputs held per (window, model, version) before they are
+#: summarised (an image model reaches this long before :data:`FOLD_ROWS`).
+FOLD_BYTES: Final = 16 << 20
+#: Folds queued on the statistics thread past which a batch is left out of the
+#: statistics (with a log line) rather than held: memory stays bounded when the thread
+#: falls behind.
+MAX_PENDING_FOLDS: Final = 4
 #: The period the gauges report over.
 REPORT_PERIOD_S: Final = 900.0
 #: Windows this far behind the current one count as settled for the guard's evidence.
@@ -65,12 +75,34 @@ class Held:
 
     outputs: list[Tensors] = field(default_factory=list)
     inputs: list[Tensors] = field(default_factory=list)
-    summaries: dict[str, Summary] = field(default_factory=lambda: {
-        "outputs": Summary(), "inputs": Summary()})
+    #: Folds running on the statistics thread: (outputs, inputs) summaries, or None.
+    pending: list[Future[tuple[Summary, Summary] | None]] = field(default_factory=list)
 
 
 def _first_array(t: Tensors) -> Any:
     return t[sorted(t)[0]] if isinstance(t, dict) else t
+
+
+def _nbytes(t: Tensors) -> int:
+    if isinstance(t, dict):
+        return sum(int(getattr(a, "nbytes", 0)) for a in t.values())
+    return int(getattr(t, "nbytes", 0))
+
+
+def fold(model: str, label: str, kind: str | None, outputs: list[Tensors],
+         inputs: list[Tensors]) -> tuple[Summary, Summary] | None:
+    """Summarise held requests (runs on the statistics thread). Outputs a summary cannot
+    read (shapes that change from request to request, named tensors that come and go)
+    give None with a log line: statistics never fail a batch, and they are off the ack
+    and write paths."""
+    try:
+        if kind is None:
+            raise ValueError("output kind unknown")
+        return summarise_batch(outputs, kind), summarise_batch(inputs, None)
+    except Exception as exc:  # a model's odd outputs must not stop its worker
+        log.info("output statistics skipped", model=model, version=label,
+                 requests=len(outputs), error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 class OutputStats(Middleware):
@@ -79,7 +111,8 @@ class OutputStats(Middleware):
 
     def __init__(self, kinds: PerModel[str | None] | None = None, window_s: int = 60,
                  keep_s: int = 24 * 3600, every_s: float = 2.0,
-                 metrics: WorkerMetrics | None = None, report_every_s: float = 15.0) -> None:
+                 metrics: WorkerMetrics | None = None, report_every_s: float = 15.0,
+                 max_pending: int = MAX_PENDING_FOLDS) -> None:
         self._kinds = kinds or PerModel(None)
         self._window_s = window_s
         self._keep_s = keep_s
@@ -89,6 +122,12 @@ class OutputStats(Middleware):
         self._ctx: WorkerContext | None = None
         self._held: dict[tuple[int, str, str], Held] = {}
         self._resolved: dict[tuple[str, str], str] = {}
+        #: Bytes per request (outputs and inputs), from each version's first request.
+        self._row_bytes: dict[tuple[str, str], int] = {}
+        #: One thread, the statistics' own: not the loop's, not the compute thread's.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchfleet-output-stats")
+        self._skipped = 0
+        self._max_pending = max_pending
         self._unflushed: list[tuple[str, Flush]] = []
         #: The guard's evidence: (model, canary, stable, since) -> (settled up to, merged).
         self._settled: dict[tuple[str, str, str, float],
@@ -114,41 +153,56 @@ class OutputStats(Middleware):
 
     def record(self, model: str, label: str, outputs: list[Tensors], inputs: list[Tensors],
                now: float | None = None) -> None:
-        """Keep one batch's successful requests (references only; summarised later)."""
+        """Keep one batch's successful requests (references only); once enough are held
+        they are handed to the statistics thread. Never summarises on the caller's thread."""
         start = window_start(time.time() if now is None else now, self._window_s)
         held = self._held.setdefault((start, model, label), Held())
         held.outputs += outputs
         held.inputs += inputs
-        if len(held.outputs) >= FOLD_ROWS:
-            self._fold(model, label, held)
+        row = self._row_bytes.get((model, label))
+        if row is None:
+            row = self._row_bytes[(model, label)] = max(
+                1, _nbytes(outputs[0]) + (_nbytes(inputs[0]) if inputs else 0))
+        if len(held.outputs) >= FOLD_ROWS or len(held.outputs) * row >= FOLD_BYTES:
+            self._fold_aside(model, label, held)
 
-    def _fold(self, model: str, label: str, held: Held) -> None:
-        """Summarise what is held. Outputs a summary cannot read (shapes that change from
-        request to request, named tensors that come and go) are dropped with a log line:
-        statistics never fail a batch, and they are off the ack and write paths."""
+    def _fold_aside(self, model: str, label: str, held: Held, may_skip: bool = True) -> None:
+        """Hand what is held to the statistics thread; from ``record``, leave it out
+        instead (logged at the next flush) while that thread is ``max_pending``
+        folds behind. A flush's remainder is never left out: it is at most a fold's size."""
         if not held.outputs:
             return
         outputs, inputs = held.outputs, held.inputs
         held.outputs, held.inputs = [], []
-        try:
-            kind = self.kind(model, label, outputs[0])
-            out, ins = summarise_batch(outputs, kind), summarise_batch(inputs, None)
-        except Exception as exc:  # a model's odd outputs must not stop its worker
-            log.info("output statistics skipped", model=model, version=label,
-                     requests=len(outputs), error=f"{type(exc).__name__}: {exc}")
+        queued = sum(not f.done() for h in self._held.values() for f in h.pending)
+        if may_skip and queued >= self._max_pending:
+            self._skipped += len(outputs)
             return
-        held.summaries["outputs"].merge(out)
-        held.summaries["inputs"].merge(ins)
+        try:
+            kind: str | None = self.kind(model, label, outputs[0])
+        except Exception:  # an output numpy cannot read: fold() logs and drops it
+            kind = None
+        held.pending.append(self._pool.submit(fold, model, label, kind, outputs, inputs))
 
-    def take(self) -> list[tuple[str, Flush]]:
-        """Everything held, summarised, as one :class:`Flush` per (window, model)."""
+    async def take(self) -> list[tuple[str, Flush]]:
+        """Everything held, summarised on the statistics thread, as one :class:`Flush`
+        per (window, model)."""
+        held_now, self._held = self._held, {}
+        for (_, model, label), held in held_now.items():
+            self._fold_aside(model, label, held, may_skip=False)
+        if self._skipped:
+            log.info("output statistics behind; requests left out", requests=self._skipped)
+            self._skipped = 0
         by: dict[tuple[int, str], dict[tuple[str, str], Summary]] = {}
-        for (start, model, label), held in self._held.items():
-            self._fold(model, label, held)
+        for (start, model, label), held in held_now.items():
+            out, ins = Summary(), Summary()
+            for done in held.pending:
+                got = await asyncio.wrap_future(done)
+                if got is not None:
+                    out.merge(got[0])
+                    ins.merge(got[1])
             deltas = by.setdefault((start, model), {})
-            for side, summary in held.summaries.items():
-                deltas[(label, side)] = summary
-        self._held = {}
+            deltas[(label, "outputs")], deltas[(label, "inputs")] = out, ins
         return [(model, Flush(start, self._window_s, self._keep_s, deltas))
                 for (start, model), deltas in by.items()]
 
@@ -162,6 +216,7 @@ class OutputStats(Middleware):
 
     async def on_stop(self, ctx: WorkerContext) -> None:
         await self.flush()
+        self._pool.shutdown(wait=False)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -172,7 +227,7 @@ class OutputStats(Middleware):
         """Write every delta held; one the store refuses is kept for the next flush."""
         if self._ctx is None:
             return
-        todo, self._unflushed = [*self._unflushed, *self.take()], []
+        todo, self._unflushed = [*self._unflushed, *(await self.take())], []
         for model, flush in todo:
             try:
                 await self._ctx.plane.output_stats.flush(model, flush)

@@ -58,6 +58,13 @@ T = TypeVar("T")
 TIMEOUT_S = 1.0
 #: The default ``--cache-scope``: each owner its own entries.
 BY_OWNER: Final[PerModel[str]] = PerModel(SCOPE_OWNER)
+
+
+def scope_for(scopes: PerModel[str], model: str, label: str | None) -> str:
+    """The cache scope of one model version's entries: the one resolver for the cache's
+    reads and writes and the fallback ``cache`` step's reads, so a per-version
+    ``--cache-scope MODEL@VERSION=…`` reads where it wrote."""
+    return scopes.for_model(model, label or None)
 #: The default ``--cache-stale-s``: version-free entries live as long as the others.
 NO_STALE: Final[PerModel[int]] = PerModel(0)
 #: A twin whose first copy vanished from the batch before compute (never expected).
@@ -121,7 +128,7 @@ class CachedResults(Middleware):
         if ttl <= 0 or ctx is None or label not in ctx.versions.get(model, {}):
             return True
         version = model_version(label, ctx.versions[model][label])
-        scope = self._scope.for_model(model, label or None)
+        scope = scope_for(self._scope, model, label)
         keys = {id(job): cache_key(model, version, job.request.inputs,
                                    owner=job.request.owner, scope=scope)
                 for job in batch.jobs if job.request.cache}
@@ -187,7 +194,7 @@ class CachedResults(Middleware):
         the normal lookup never reads them, so ``--cache-stale-s`` never serves a stale
         answer as a fresh one."""
         model, label = batch.key.model, batch.key.version
-        scope = self._scope.for_model(model, label or None)
+        scope = scope_for(self._scope, model, label)
         per_row_s = 0.0
         entries = [(cache_key(model, ANY_VERSION, job.request.inputs, owner=job.request.owner,
                               scope=scope), CacheEntry(plan.version, out, per_row_s))

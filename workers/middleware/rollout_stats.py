@@ -47,8 +47,9 @@ def worker_versions(ctx: WorkerContext) -> Versions:
 
 def counts_as_failure(output: object) -> bool:
     """Whether one request's outcome counts as an error for the per-version stats, and so
-    for the rollout guard's error test: the one place that decides (a degraded answer,
-    when one exists, is to be counted here too)."""
+    for the rollout guard's error test: the one place that decides for computed batches.
+    A degraded answer is an error too: after the ``error`` trigger its compute failed
+    (counted here); with the breaker open ``count_degraded`` counts it."""
     return isinstance(output, BaseException)
 
 

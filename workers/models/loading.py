@@ -33,6 +33,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from batchfleet.schemas.registry import DEFAULT_LABEL
 from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.workers.models.builtin import BUILTIN_MODELS
 from batchfleet.workers.models.handler import ModelHandler, TorchModuleHandler
+from batchfleet.workers.models.lazy import ResidentHandler
 from batchfleet.workers.models.runtimes import RuntimeChoice, RuntimeHandler, apply_runtime
 
 #: Per-version runtime choice, by model name and version label.
@@ -158,9 +160,11 @@ def _load_eager(name: str, source: str, spec: str, max_batch_size: int) -> Model
 
 
 def load_versions(specs: Sequence[str], max_batch_size: int = 1024,
-                  runtimes: ChoiceFor | None = None, input_specs: SpecFor | None = None
-                  ) -> dict[str, dict[str, ModelHandler]]:
-    """``{model: {label: handler}}``, in the order given (a model's first label first)."""
+                  runtimes: ChoiceFor | None = None, input_specs: SpecFor | None = None,
+                  on_demand: bool = False) -> dict[str, dict[str, ModelHandler]]:
+    """``{model: {label: handler}}``, in the order given (a model's first label first).
+    ``on_demand``: each a ``ResidentHandler`` that loads from its spec when told
+    (``--max-loaded-models``)."""
     versions: dict[str, dict[str, ModelHandler]] = {}
     for spec in specs:
         parsed = split_model_spec(spec)
@@ -170,7 +174,11 @@ def load_versions(specs: Sequence[str], max_batch_size: int = 1024,
             raise ConfigError(f"model {parsed.name!r}{what} is given twice")
         choice = runtimes(parsed.name, parsed.label) if runtimes else None
         given = input_specs(parsed.name, parsed.label) if input_specs else None
-        labels[parsed.label] = load_model(spec, max_batch_size, choice, given)
+        if on_demand:
+            labels[parsed.label] = ResidentHandler(
+                parsed.name, partial(load_model, spec, max_batch_size, choice, given))
+        else:
+            labels[parsed.label] = load_model(spec, max_batch_size, choice, given)
     if not versions:
         raise ConfigError("no models given: pass --model demo-mlp (or set BATCHFLEET_MODELS)")
     return versions

@@ -110,7 +110,8 @@
     fill($("#workers tbody"), o.workers.map((w) => el("tr",
       {"data-worker": w.worker_id, class: w.stale ? "stale" : ""},
       td(w.worker_id, "text"), td(w.host, "text"), td(w.device, "text"),
-      td(w.models.join(", "), "text"), td(age(w.up_s)),
+      td(w.models.join(", ") + (w.loaded ? " (loaded: " + (w.loaded.join(", ") || "none") + ")" : ""),
+        "text"), td(age(w.up_s)),
       td(age(w.seen_s_ago) + (w.stale ? " stale" : ""), w.stale ? "bad" : ""),
       breakers(w.breakers), td(num(w.rps, 1)),
       td(num(w.counters.succeeded)), td(num(w.counters.failed), w.counters.failed ? "bad" : ""))));
@@ -143,8 +144,19 @@
   }
 
   function renderOutputs(o) {
-    $("#outputs").replaceChildren(o.outputs ? el("pre", {}, JSON.stringify(o.outputs, null, 1))
-      : el("p", {class: "muted"}, "no output statistics"));
+    const found = Object.entries((o.outputs || {}).models || {});
+    if (!found.length) {
+      $("#outputs").replaceChildren(el("p", {class: "muted"}, "no output statistics")); return;
+    }
+    const head = ["version", "role", "reference", "count", "nan rate", "mean", "p50", "p99", "psi", "ks"];
+    const fig = (v) => v === null || v === undefined ? "–" : Number(v).toPrecision(4);
+    $("#outputs").replaceChildren(...found.map(([model, rows]) => el("div", {class: "card", "data-outputs-model": model},
+      el("h3", {}, model, " ", el("span", {class: "muted"}, `last ${o.outputs.since_s / 60} min`)),
+      el("table", {}, el("thead", {}, el("tr", {}, ...head.map((c) => el("th", {}, c)))),
+        el("tbody", {}, ...rows.map((r) => el("tr", {"data-version": r.version},
+          td(r.version, "text"), td(r.role, "text"), td(r.reference || "–", "text"), td(num(r.count)),
+          td(fig(r.nan_rate)), td(fig(r.mean)), td(fig(r.p50)), td(fig(r.p99)),
+          td(fig(r.psi)), td(fig(r.ks)))))))));
   }
 
   function renderDlq(o) {
