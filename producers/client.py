@@ -262,7 +262,7 @@ class AsyncClient:
         if pipeline is not None:
             return (await self._submit_pipeline(
                 pipeline, [inputs], [request_id or ""], priority, deadline_s, callback_url,
-                owner, routing_key, cache, degrade))[0]
+                owner, routing_key, cache, degrade, fingerprint))[0]
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
@@ -319,7 +319,8 @@ class AsyncClient:
             if len(chosen_ids) < len(items):
                 raise ValidationError("request_ids is shorter than inputs")
             return await self._submit_pipeline(pipeline, items, chosen_ids, priority, deadline_s,
-                                               callback_url, owner, routing_key, cache, degrade)
+                                               callback_url, owner, routing_key, cache, degrade,
+                                               fingerprint)
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
@@ -393,19 +394,22 @@ class AsyncClient:
     async def _submit_pipeline(
         self, pipeline: Pipeline, items: Sequence[Any], given: Sequence[str], priority: str,
         deadline_s: float | None, callback_url: str | None, owner: str | None,
-        routing_key: str | None, cache: bool, degrade: str,
+        routing_key: str | None, cache: bool, degrade: str, fingerprint: str | None = None,
     ) -> list[str]:
         """Record each caller's pending result under its own ID and enqueue the first
         step(s) on their models' lanes (docs/pipelines.md); the result comes back under
-        the caller's ID."""
+        the caller's ID. A caller's own ID is fingerprinted by pipeline and inputs, as
+        :meth:`submit` does for a model (unless ``fingerprint`` is given)."""
         await self._waiter.start()
         caller_template = self._template(pipeline.name, priority, deadline_s, None, owner,
                                          None, routing_key, cache, degrade)
-        ownership = Ownership(owner, None, self.client_id)
         ids: list[str] = []
         chunk: list[Outgoing] = []
         for item, chosen in zip(items, given, strict=False):
             rid = check_request_id(chosen) if chosen else new_request_id()
+            stamp = fingerprint if fingerprint is not None or not chosen else \
+                inputs_fingerprint(pipeline.name, item)
+            ownership = Ownership(owner, stamp or None, self.client_id)
             now = time.time()
             caller = caller_template.request(
                 rid, now, item, None if deadline_s is None else now + deadline_s)
