@@ -167,9 +167,14 @@ def join_outputs(node: Node, arrays: list[Any]) -> Any:
             return np.stack([np.asarray(a) for a in arrays])
         if node.join == "concatenate":
             return np.concatenate([np.asarray(a) for a in arrays])
-        return _function(str(node.join))(arrays)
+        function = _function(str(node.join))
     except (ValueError, TypeError) as exc:
         raise ValidationError(f"join {node.name} ({node.join}): {exc}") from exc
+    try:
+        return function(arrays)
+    except Exception as exc:  # a user's join function: its failure fails the request
+        raise ValidationError(f"join {node.name} ({node.join}): "
+                              f"{type(exc).__name__}: {exc}") from exc
 
 
 def _function(spec: str) -> Callable[[list[Any]], Any]:

@@ -162,6 +162,8 @@ def test_join_outputs_and_a_shape_that_does_not_fit() -> None:
     assert join_outputs(Node("j", ("x", "y"), join="builtins:len"), [a, b]) == 2
     with pytest.raises(ValidationError, match=r"^join j \(mean\): "):
         join_outputs(node, [a, np.ones(4, np.float32)])
+    with pytest.raises(ValidationError, match=r"^join j \(json:loads\): TypeError: "):
+        join_outputs(Node("j", ("x", "y"), join="json:loads"), [a, b])  # a user's that fails
 
 
 async def test_memory_join_counts_a_re_put_once(plane: MemoryControlPlane) -> None:

@@ -198,8 +198,13 @@ class PipelineAdvance(Middleware):
 
 
 def _part(raw: bytes) -> tuple[Any, list[dict[str, Any]]]:
-    obj = msgpack.unpackb(raw, raw=False)
-    return decode_tensors(obj["outputs"]), list(obj.get("done") or [])
+    """A join's stored part; SchemaError for one that does not read (fails the request)."""
+    try:
+        obj = msgpack.unpackb(raw, raw=False)
+        return decode_tensors(obj["outputs"]), list(obj.get("done") or [])
+    except (ValueError, TypeError, KeyError, AttributeError,
+            msgpack.UnpackException) as exc:
+        raise SchemaError(f"a join's stored part is malformed: {exc}") from exc
 
 
 def _failed(request: Request, step: str, exc: Exception, done: list[dict[str, Any]],
