@@ -95,9 +95,13 @@ class PipelineAdvance(Middleware):
                 continue
             nxt = await self._advance(request, answer.result, now)
             while True:
-                outbound += [OutboundMessage(r.model, r.lane, r.request_id,
-                                             encode_request(r), r.traceparent)
-                             for r in nxt.requests]
+                try:
+                    outbound += [OutboundMessage(r.model, r.lane, r.request_id,
+                                                 encode_request(r), r.traceparent)
+                                 for r in nxt.requests]
+                except SchemaError as exc:  # an output no request can carry
+                    nxt = Advance(final=_failed(request, str(ctx.get("step")), exc,
+                                                list(ctx.get("done", [])), now))
                 if nxt.final is not None:
                     finals.append((request, nxt.final))
                 joined = await self._joins(request, nxt, now)
