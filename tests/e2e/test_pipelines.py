@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from batchfleet.connectors.redis_plane import open_redis_control_plane
 from batchfleet.schemas.pipeline import from_steps, from_toml
 from batchfleet.schemas.registry import Declaration
 from batchfleet.workers.models.builtin import build_mlp
+from tests.e2e.test_webhooks import receiver, webhook_worker  # noqa: F401  (fixtures)
 from tests.support.cli import run_cli
 from tests.support.fleet import running_worker
 from tests.support.models import POISON
@@ -273,3 +275,21 @@ async def test_keep_intermediate_s_sets_how_long_the_earlier_steps_results_stay(
         await raw.aclose()
     assert all(900 < t <= 1000 for t in kept), kept
     assert all(t > 1000 for t in last), last  # the output step's: the result TTL
+
+
+async def test_a_callback_url_gets_the_pipelines_result(
+        redis_url: str, webhook_worker: Any, receiver: Any) -> None:  # noqa: F811
+    from tests.e2e.test_webhooks import LOOPBACK, NS
+
+    await declare(redis_url, NS, "hooked", "mix,demo-mlp")
+    receiver.start()
+    row = np.random.default_rng(31).random(10, dtype=np.float32)
+    async with (running_worker(redis_url, models=MODELS, namespace=NS, max_wait_ms=5),
+                AsyncClient(redis_url, namespace=NS, callback_policy=LOOPBACK) as client):
+        rid = await client.submit("hooked", row, callback_url=receiver.url)
+        done = await client.wait(rid, timeout=30)
+        got = await asyncio.to_thread(receiver.wait_for, 1, 30)
+    body = json.loads(got[0].body)
+    assert done.status == "succeeded" and len(got) == 1
+    assert body["request_id"] == rid and body["model"] == "hooked"
+    assert [s["step"] for s in body["steps"]] == ["mix", "demo-mlp"]

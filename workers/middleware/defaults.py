@@ -52,6 +52,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     guards = Guards(breaker, breaker, models)
     stats, metrics = Stats(), WorkerMetrics()
     chain: list[Middleware] = []
+    pipelines = PipelineAdvance(metrics)
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     served = list(models)
@@ -73,7 +74,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
                             fallback=frozenset(m for m, c in chains.items()
                                                if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
-              Metrics(metrics, guards, s.sample_every_s), RequestLog(), PipelineAdvance(metrics),
+              Metrics(metrics, guards, s.sample_every_s), RequestLog(), pipelines,
               HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
@@ -88,10 +89,12 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:
-        chain.append(Webhooks(RQCallbackSink(
+        webhooks = Webhooks(RQCallbackSink(
             s.webhook_redis_url or s.results_url, Names(s.namespace),
             retry_intervals=s.webhook_retry_intervals, keep_s=s.result_ttl_s,
-            traceparent_of=None if tracing is None else tracing.traceparent_of)))
+            traceparent_of=None if tracing is None else tracing.traceparent_of))
+        chain.append(webhooks)
+        pipelines.callbacks = webhooks.sink.enqueue  # a pipeline's result, for its caller
     if tracing is not None:  # last: its compute span spans the others' after_compute
         chain.append(tracing)
     return chain

@@ -13,7 +13,7 @@ store keeps one of each (docs/pipelines.md, "Exactly once").
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -66,6 +66,9 @@ class PipelineAdvance(Middleware):
 
     def __init__(self, metrics: WorkerMetrics | None = None) -> None:
         self._metrics = metrics
+        #: The webhook sink's ``enqueue`` (``--webhooks``): a caller's ``callback_url`` gets
+        #: the pipeline's result, enqueued before that result is written, as for a model's.
+        self.callbacks: Callable[[Sequence[Answer]], Awaitable[None]] | None = None
         #: step request ID -> (pipeline, step), from the hand-off to the write's outcome.
         self._labels: dict[str, tuple[str, str]] = {}
         self._publisher: Publisher | None = None
@@ -84,6 +87,7 @@ class PipelineAdvance(Middleware):
         now = time.time()
         outbound: list[OutboundMessage] = []
         finals: list[tuple[Request, Result]] = []
+        hooked: list[Answer] = []
         # A caller already terminal (cancelled, or ended by another step) goes no further:
         # one read per batch, so a cancel stops the pipeline at its next hop.
         callers = await self._store.get_records(
@@ -104,6 +108,9 @@ class PipelineAdvance(Middleware):
                                                 list(ctx.get("done", [])), now))
                 if nxt.final is not None:
                     finals.append((request, nxt.final))
+                    if ctx.get("callback_url"):
+                        hooked.append(Answer(answer.delivery, nxt.final, None, 0,
+                                             str(ctx["callback_url"])))
                 joined = await self._joins(request, nxt, now)
                 if joined is None:
                     break
@@ -112,6 +119,8 @@ class PipelineAdvance(Middleware):
             await self._publisher.publish(outbound)
         if finals:
             await self._keep(finals)
+            if hooked and self.callbacks is not None:
+                await self.callbacks(hooked)
             won = await self._store.write_terminal([_terminal(req, res) for req, res in finals])
             if self._metrics is not None:
                 for (_, res), first in zip(finals, won, strict=True):
