@@ -279,7 +279,8 @@ async def test_keep_intermediate_s_sets_how_long_the_earlier_steps_results_stay(
 
 async def test_a_callback_url_gets_the_pipelines_result(
         redis_url: str, webhook_worker: Any, receiver: Any) -> None:  # noqa: F811
-    from tests.e2e.test_webhooks import LOOPBACK, NS
+    from tests.e2e.test_gateway import NS
+    from tests.e2e.test_webhooks import LOOPBACK
 
     await declare(redis_url, NS, "hooked", "mix,demo-mlp")
     receiver.start()
