@@ -26,6 +26,7 @@ from batchfleet.cli_control import cancel, check, lane_app
 from batchfleet.cli_dlq import dlq_app
 from batchfleet.cli_gateway import gateway_app
 from batchfleet.cli_models import models_app
+from batchfleet.cli_pipelines import pipelines_app
 from batchfleet.cli_requests import result, submit
 from batchfleet.cli_rollout import rollout_app
 from batchfleet.cli_status import status
@@ -359,6 +360,7 @@ app.add_typer(gateway_app, name="gateway")
 app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(models_app, name="models")
 app.add_typer(rollout_app, name="rollout")
+app.add_typer(pipelines_app, name="pipelines")
 app.command()(submit)
 app.command()(result)
 app.command()(bench)

@@ -172,6 +172,9 @@ def result(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
+    show_steps: Annotated[bool, typer.Option(
+        "--show-steps", help="A pipeline's result: each step's record and its own output "
+        "(kept under ID:STEP while the store keeps results; docs/pipelines.md).")] = False,
 ) -> None:
     """Print a request's result.
 
@@ -182,6 +185,8 @@ def result(
         batchfleet result 3f2a9c... --broker redis://localhost:6379/0
 
         batchfleet result 3f2a9c... --wait 30 -o json | jq .outputs
+
+        batchfleet result 3f2a9c... --show-steps
     """
     from batchfleet.producers import AsyncClient
     from batchfleet.schemas.errors import WaitTimeoutError
@@ -201,7 +206,13 @@ def result(
                 typer.secho(f"unknown request {request_id} (never submitted, or expired from "
                             "the result store)", err=True)
                 return EXIT_UNKNOWN
-            return _print_result(found, fmt)
+            outputs = None
+            if show_steps and found.steps:
+                names = [str(x.get("step")) for x in found.steps]
+                got = [await client.get(f"{request_id}:{n}") for n in names]
+                outputs = {n: (None if r is None else r.outputs) for n, r in zip(
+                    names, got, strict=True)}
+            return _print_result(found, fmt, outputs)
 
     _exit_with(go, wait)
 
@@ -243,16 +254,24 @@ def _print(body: dict[str, Any], fmt: str, *, plain: str) -> None:
         typer.echo(plain)
 
 
-def _print_result(result: Any, fmt: str) -> int:
-    from batchfleet.schemas.json_form import result_to_json
+def _print_result(result: Any, fmt: str, step_outputs: dict[str, Any] | None = None) -> int:
+    """The result; with ``step_outputs`` (``--show-steps``), each step's own output beside
+    its record (null once its result has expired, and for a join, which stores none)."""
+    from batchfleet.schemas.json_form import result_to_json, tensors_to_json
 
     body = result_to_json(result)  # the wire form (docs/wire-format.md), as over HTTP
+    if step_outputs is not None:
+        body["steps"] = [{**step, "outputs": tensors_to_json(step_outputs.get(step["step"]))}
+                         for step in body.get("steps", [])]
     if fmt in ("json", "yaml"):
         dump(body, fmt)
     else:
         for key, value in body.items():
-            if value is not None and value != "":
+            if value is not None and value != "" and not (key == "steps" and step_outputs):
                 typer.echo(f"{key:>14}: {_result_cell(key, value)}")
+        for step in body["steps"] if step_outputs is not None else []:
+            typer.echo(f"step {step['step']}: " + ", ".join(
+                f"{k}={_result_cell(k, v)}" for k, v in step.items() if k != "step"))
     return {"succeeded": 0, "pending": EXIT_PENDING}.get(result.status, EXIT_FAILED)
 
 

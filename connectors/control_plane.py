@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from batchfleet.connectors.model_registry import ModelRegistry
     from batchfleet.connectors.output_stats import Baseline, Flush
     from batchfleet.connectors.output_summary import Summary
+    from batchfleet.connectors.pipelines import PipelineRegistry
     from batchfleet.connectors.quotas import Admission, Quota
     from batchfleet.connectors.request_control import CancelReport, PurgeReport
     from batchfleet.connectors.rollout import RolloutStatus
@@ -304,6 +305,8 @@ class ControlPlane(Protocol):
     def quotas(self) -> Quotas: ...
     @property
     def bulk_jobs(self) -> BulkJobStore: ...
+    @property
+    def pipelines(self) -> PipelineRegistry: ...
 
     def request_control(self, broker: Broker) -> RequestControl:
         """Cancel and purge over this plane and ``broker``'s lanes (closed by the caller)."""

@@ -20,6 +20,7 @@ from batchfleet.connectors.memory_control import (
     MemoryQuotas,
 )
 from batchfleet.connectors.memory_outputs import MemoryOutputStats
+from batchfleet.connectors.memory_pipelines import MemoryPipelineRegistry
 from batchfleet.connectors.memory_registry import MemoryModelRegistry
 from batchfleet.connectors.memory_results import MemoryAnnouncements, MemoryResults
 from batchfleet.connectors.memory_rollout import MemoryRollouts, MemoryRolloutStats, MemoryRoutes
@@ -59,6 +60,7 @@ class MemoryControlPlane:
     output_stats: MemoryOutputStats
     quotas: MemoryQuotas
     bulk_jobs: MemoryBulkJobs
+    pipelines: MemoryPipelineRegistry
     fleet_reader: MemoryFleet
 
     def request_control(self, broker: Broker) -> MemoryCancels:
@@ -92,7 +94,7 @@ def memory_control_plane(state: MemoryState, ttl_s: int = DEFAULT_TTL_S) -> Memo
         routes=MemoryRoutes(state), rollout_stats=MemoryRolloutStats(state),
         rollouts=MemoryRollouts(state, models), output_stats=MemoryOutputStats(state),
         quotas=MemoryQuotas(state),
-        bulk_jobs=MemoryBulkJobs(state),
+        bulk_jobs=MemoryBulkJobs(state), pipelines=MemoryPipelineRegistry(state),
         fleet_reader=MemoryFleet(heartbeats, models, letters))
 
 

@@ -96,6 +96,9 @@ class MemoryModelRegistry(RedisModelRegistry):
 
     async def declare(self, name: str, declaration: Declaration) -> None:
         with self._state.lock:
+            if name in self._state.setdefault("pipelines", dict):
+                raise ValidationError(f"{name!r} is a pipeline: a model cannot take its name "
+                                      "(models and pipelines share one namespace)")
             fields = self._hashes.setdefault(name, {})
             fields[F_DECLARED] = pack(declaration.to_wire())
             fields.setdefault(F_POLICY, pack(RolloutPolicy(DEFAULT_LABEL).to_wire()))

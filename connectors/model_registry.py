@@ -40,14 +40,12 @@ from typing import Any, Protocol, TypeVar, overload
 
 import redis.asyncio as aioredis
 
-from batchfleet.connectors.cluster_multi import transaction
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import queue_script
 from batchfleet.schemas.errors import ResultStoreError, UnknownModelError, ValidationError
 from batchfleet.schemas.names import Names
 from batchfleet.schemas.registry import (
     DEFAULT_LABEL,
-    F_DECLARED,
     F_LANE_SHARDS,
     F_LANE_SHARDS_MAX,
     F_PAUSED,
@@ -123,6 +121,19 @@ if k > top then
   top = k
 end
 return top
+"""
+
+
+#: KEYS[1] the model hash, KEYS[2] the index, KEYS[3] the pipeline key of the same name;
+#: ARGV[1] the name, ARGV[2] the declaration, ARGV[3] a default policy. -1: a pipeline
+#: has the name (nothing written); 1: declared.
+_DECLARE = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
+redis.call('HSET', KEYS[1], 'declared', ARGV[2])
+redis.call('HSETNX', KEYS[1], 'policy', ARGV[3])
+redis.call('HSETNX', KEYS[1], 'lane_shards', 1)
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
 """
 
 
@@ -203,6 +214,7 @@ class RedisModelRegistry:
         self._prune = client.register_script(_PRUNE)
         self._set_policy = client.register_script(_SET_POLICY)
         self._set_shards = client.register_script(_SET_SHARDS)
+        self._declare = client.register_script(_DECLARE)
 
     async def close(self) -> None:
         """Closes the connection only if this registry opened it (``open_model_registry``)."""
@@ -258,15 +270,17 @@ class RedisModelRegistry:
                 await self._redis.hset(key, F_PAUSED, pack(pause.to_wire()))
 
     async def declare(self, name: str, declaration: Declaration) -> None:
-        """Declare a model ahead of its workers (replacing an earlier declaration)."""
-        key = self._names.model(name)
+        """Declare a model ahead of its workers (replacing an earlier declaration);
+        ValidationError when a pipeline has the name."""
+        n = self._names
         with wrap_errors(ResultStoreError, f"cannot declare model {name!r}"):
-            pipe = await transaction(self._redis)
-            pipe.hset(key, F_DECLARED, pack(declaration.to_wire()))
-            pipe.hsetnx(key, F_POLICY, pack(RolloutPolicy(DEFAULT_LABEL).to_wire()))
-            pipe.hsetnx(key, F_LANE_SHARDS, 1)
-            pipe.sadd(self._names.model_registry, name)
-            await pipe.execute()
+            done = int(await self._declare(
+                keys=[n.model(name), n.model_registry, n.pipeline(name)],
+                args=[name, pack(declaration.to_wire()),
+                      pack(RolloutPolicy(DEFAULT_LABEL).to_wire())]))
+        if done < 0:
+            raise ValidationError(f"{name!r} is a pipeline: a model cannot take its name "
+                                  "(models and pipelines share one namespace)")
 
     async def undeclare(self, name: str, now: float | None = None) -> Undeclared:
         """Withdraw a declaration. The record goes unless a live worker serves the model."""

@@ -13,6 +13,7 @@ from batchfleet.connectors.dead_letters import DeadLetterQueue, UndecodableSink
 from batchfleet.connectors.heartbeats import RedisHeartbeats
 from batchfleet.connectors.model_registry import RedisModelRegistry
 from batchfleet.connectors.output_stats import RedisOutputStats
+from batchfleet.connectors.pipelines import RedisPipelineRegistry
 from batchfleet.connectors.quotas import QuotaGate
 from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.request_control import CancelSet, RequestControl
@@ -45,6 +46,7 @@ class RedisControlPlane:
     output_stats: RedisOutputStats
     quotas: QuotaGate
     bulk_jobs: RedisBulkJobs
+    pipelines: RedisPipelineRegistry
     #: The URL it was opened with (``fleet`` compares it with the broker's).
     url: str = ""
 
@@ -88,7 +90,8 @@ def redis_control_plane(store: ResultStore, url: str = "") -> RedisControlPlane:
         rollout_stats=stats, rollouts=Rollouts(models, stats, heartbeats),
         output_stats=RedisOutputStats(client, names),
         quotas=QuotaGate(client, names, store.ttl_s),
-        bulk_jobs=RedisBulkJobs(client, names, owns_client=False), url=url)
+        bulk_jobs=RedisBulkJobs(client, names, owns_client=False),
+        pipelines=RedisPipelineRegistry(client, names), url=url)
 
 
 def open_redis_control_plane(url: str, *, namespace: str = "bf",

@@ -43,7 +43,7 @@ from batchfleet.producers.client_settings import CLIENT_DEFAULTS
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
 from batchfleet.producers.waiting import ResultWaiter
-from batchfleet.schemas.envelopes import DEGRADE_ALLOW, NOTIFY_RESULTS, Result
+from batchfleet.schemas.envelopes import DEGRADE_ALLOW, NOTIFY_RESULTS, Result, encode_request
 from batchfleet.schemas.errors import (
     BatchfleetError,
     OverloadedError,
@@ -53,6 +53,8 @@ from batchfleet.schemas.errors import (
     WaitTimeoutError,
 )
 from batchfleet.schemas.names import LANE_BULK, LANE_INTERACTIVE, Names, check_request_id
+from batchfleet.schemas.pipeline import Pipeline
+from batchfleet.schemas.pipeline_flow import entry_requests
 from batchfleet.schemas.registry import ModelRecord, UnregisteredModelError
 from batchfleet.schemas.request_template import RequestTemplate
 from batchfleet.schemas.tensor_spec import TensorSpec
@@ -157,6 +159,8 @@ class AsyncClient:
         #: crc32(request ID) % K (``shard_for``). Unread (check_model=False): shard 0.
         self._shards: dict[str, int] = {}
         self._models_ttl_s = model_list_ttl_s
+        #: name -> (monotonic read time, its pipeline or None for a model's name).
+        self._pipelines: dict[str, tuple[float, Pipeline | None]] = {}
         #: model -> the registry read in flight for it (``_lookup``).
         self._lookups: dict[str, asyncio.Future[tuple[set[str], ModelRecord | None]]] = {}
         self._templates: dict[TemplateKey, RequestTemplate] = {}
@@ -254,6 +258,11 @@ class AsyncClient:
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
+        pipeline = await self.pipeline(model)
+        if pipeline is not None:
+            return (await self._submit_pipeline(
+                pipeline, [inputs], [request_id or ""], priority, deadline_s, callback_url,
+                owner, routing_key, cache, degrade, fingerprint))[0]
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
@@ -303,6 +312,15 @@ class AsyncClient:
         """
         if callback_url is not None:
             self._callback_policy.check_url(callback_url)
+        pipeline = await self.pipeline(model)
+        if pipeline is not None:
+            items = list(inputs)
+            chosen_ids = list(request_ids) if request_ids is not None else [""] * len(items)
+            if len(chosen_ids) < len(items):
+                raise ValidationError("request_ids is shorter than inputs")
+            return await self._submit_pipeline(pipeline, items, chosen_ids, priority, deadline_s,
+                                               callback_url, owner, routing_key, cache, degrade,
+                                               fingerprint)
         spec = await self.ensure_model(model)
         await self._waiter.start()
         template = self._template(model, priority, deadline_s, callback_url, owner, version,
@@ -360,10 +378,58 @@ class AsyncClient:
             raise
         sent.extend(o.request_id for o in chunk)
 
+    async def pipeline(self, name: str) -> Pipeline | None:
+        """The pipeline a submit's name resolves to, or None for a model; cached for
+        ``model_list_ttl_s`` (a miss too: one read per name per TTL)."""
+        now = time.monotonic()
+        cached = self._pipelines.get(name)
+        if cached is not None and now - cached[0] < self._models_ttl_s:
+            return cached[1]
+        found = await self._plane.pipelines.get(name)
+        if len(self._pipelines) >= _MAX_CACHED_MODELS:
+            self._pipelines.clear()
+        self._pipelines[name] = (now, found)
+        return found
+
+    async def _submit_pipeline(
+        self, pipeline: Pipeline, items: Sequence[Any], given: Sequence[str], priority: str,
+        deadline_s: float | None, callback_url: str | None, owner: str | None,
+        routing_key: str | None, cache: bool, degrade: str, fingerprint: str | None = None,
+    ) -> list[str]:
+        """Record each caller's pending result under its own ID and enqueue the first
+        step(s) on their models' lanes (docs/pipelines.md); the result comes back under
+        the caller's ID. A caller's own ID is fingerprinted by pipeline and inputs, as
+        :meth:`submit` does for a model (unless ``fingerprint`` is given)."""
+        await self._waiter.start()
+        caller_template = self._template(pipeline.name, priority, deadline_s, None, owner,
+                                         None, routing_key, cache, degrade)
+        ids: list[str] = []
+        chunk: list[Outgoing] = []
+        for item, chosen in zip(items, given, strict=False):
+            rid = check_request_id(chosen) if chosen else new_request_id()
+            stamp = fingerprint if fingerprint is not None or not chosen else \
+                inputs_fingerprint(pipeline.name, item)
+            ownership = Ownership(owner, stamp or None, self.client_id)
+            now = time.time()
+            caller = caller_template.request(
+                rid, now, item, None if deadline_s is None else now + deadline_s)
+            caller.callback_url = callback_url
+            pending = caller_template.pending(rid, now)
+            for step in entry_requests(pipeline, caller):
+                lane_of = self._template(step.model, priority, deadline_s, None, owner,
+                                         step.version, routing_key, cache, degrade)
+                chunk.append(Outgoing(rid, encode_request(step), pending, lane_of, ownership))
+            if len(chunk) >= SUBMIT_CHUNK:
+                await self._send_admitted(chunk, ids)
+                chunk = []
+        if chunk:
+            await self._send_admitted(chunk, ids)
+        return list(dict.fromkeys(ids))
+
     async def ensure_model(self, model: str) -> TensorSpec | None:
-        """Refuse a model that is neither served nor declared (UnregisteredModelError, an
-        UnknownModelError); returns its declared input spec, if any. Cached per model for
-        ``model_list_ttl_s``; a no-op with ``check_model=False``."""
+        """Refuse a model that is neither served nor declared, nor a pipeline
+        (UnregisteredModelError, an UnknownModelError); returns its declared input spec, if
+        any. Cached per model for ``model_list_ttl_s``; a no-op with ``check_model=False``."""
         if not self._check_model:
             return None
         now = time.monotonic()
@@ -373,6 +439,8 @@ class AsyncClient:
         known, record = await self._lookup(model)
         if model not in known:
             self._models.pop(model, None)
+            if await self.pipeline(model) is not None:
+                return None  # a pipeline's name: its steps' models are checked at declare
             raise UnregisteredModelError(model, known)
         if len(self._models) >= _MAX_CACHED_MODELS:
             self._models.clear()

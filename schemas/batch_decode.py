@@ -103,8 +103,8 @@ def _memo(memo: dict[tuple[str, Any], Any], check: Callable[[Any], Any], key: st
 def _common(obj: Any, memo: dict[tuple[str, Any], Any],
             groups: _Groups) -> Request | None:
     """The request, if every field has its usual form; else None. Raises for a bad field."""
-    if type(obj) is not dict or obj.get("v") != SCHEMA_VERSION:
-        return None
+    if type(obj) is not dict or obj.get("v") != SCHEMA_VERSION or "pipeline" in obj:
+        return None  # a pipeline step: the single-request decoder reads its context
     get: Callable[..., Any] = obj.get
     rid, model = check_request_id(get("id")), get("model")
     if type(model) is not str:

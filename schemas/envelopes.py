@@ -127,6 +127,10 @@ class Request:
     notify_format: str | None = None
     #: ``DEGRADE_NEVER``: fail closed (``unavailable``) rather than take a fallback answer.
     degrade: str = "allow"
+    #: Set on a pipeline step's request (docs/pipelines.md): ``{name, id, step, notify,
+    #: notify_format, callback_url, owner, enqueued_at, done}``, where ``id`` is the caller's
+    #: request ID (which carries the final result) and ``done`` the earlier steps' records.
+    pipeline: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -158,6 +162,8 @@ class Result:
     fallback: str | None = None
     #: The failure that caused the degradation (``error`` stays None on a success).
     degraded_error: ErrorInfo | None = None
+    #: A pipeline's result: one record per step (docs/pipelines.md), in the order they ran.
+    steps: list[dict[str, Any]] | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -204,6 +210,7 @@ def encode_request(req: Request) -> bytes:
         **({} if req.traceparent is None else {"traceparent": req.traceparent}),
         **({} if req.cache else {"cache": False}),
         **({} if req.degrade == DEGRADE_ALLOW else {"degrade": degrade_of(req.degrade)}),
+        **({} if req.pipeline is None else {"pipeline": req.pipeline}),
         # Last, so a damaged or oversized message still has a readable header.
         "inputs": encode_tensors(req.inputs),
     }
@@ -241,6 +248,8 @@ def encode_result(res: Result) -> bytes:
         body["fallback"] = res.fallback
         body["degraded_error"] = (None if res.degraded_error is None
                                   else res.degraded_error.to_wire())
+    if res.steps is not None:
+        body["steps"] = res.steps
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -378,6 +387,7 @@ def request_from_header(header: RequestHeader) -> Request:
         cache=_cache_flag(obj.get("cache", True)),
         notify_format=notify_format_of(obj.get("notify_format")),
         degrade=degrade_of(obj.get("degrade")),
+        pipeline=_pipeline(obj.get("pipeline")),
     )
 
 
@@ -506,7 +516,24 @@ def decode_result(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
         degraded_reason=_str_or_none(obj.get("degraded_reason")),
         fallback=_str_or_none(obj.get("fallback")),
         degraded_error=_error_info(obj.get("degraded_error")),
+        steps=_steps(obj.get("steps")),
     )
+
+
+def _pipeline(value: Any) -> dict[str, Any] | None:
+    """``pipeline``: nil, or a map naming the pipeline, the caller's ID and the step."""
+    if value is None:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)
+            and isinstance(value.get("step"), str)):
+        raise ValidationError(f"pipeline must be a map with name, id and step, got {value!r}")
+    check_request_id(value.get("id"))
+    return value
+
+
+def _steps(value: Any) -> list[dict[str, Any]] | None:
+    return [dict(s) for s in value if isinstance(s, Mapping)] if isinstance(value, list) \
+        else None
 
 
 def _str_or_none(value: Any) -> str | None:

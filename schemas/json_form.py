@@ -65,6 +65,9 @@ def result_to_json(result: Result) -> dict[str, Any]:
         "fallback": result.fallback,
         "degraded_error": (None if result.degraded_error is None
                            else result.degraded_error.to_wire()),
+        # a pipeline's result only (docs/pipelines.md): other results keep their shape
+        **({} if result.steps is None else {"steps": [
+            {k: _finite(v) for k, v in step.items()} for step in result.steps]}),
     }
 
 

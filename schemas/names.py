@@ -138,6 +138,21 @@ class Names:
         return f"{self.plane}:model:{name}:history"
 
     @property
+    def pipeline_registry(self) -> str:
+        """Index set of every declared pipeline (schemas/pipeline.py); a pipeline's name
+        is never also a model's: declaring either checks the other's key in one script."""
+        return f"{self.plane}:pipelines"
+
+    def pipeline_join(self, request_id: str, join: str) -> str:
+        """Hash of one request's outputs waiting at a join: source step -> msgpack
+        ``{outputs, done}``; expires with the result TTL."""
+        return f"{self.plane}:join:{request_id}:{join}"
+
+    def pipeline(self, name: str) -> str:
+        """String holding one pipeline's record (msgpack, schemas/pipeline.py)."""
+        return f"{self.plane}:pipeline:{name}"
+
+    @property
     def lane_loss(self) -> str:
         """Hash ``{model}:{lane}`` -> epoch ms: a worker found that lane's stream or group
         gone (Redis restarted empty, flushed, the key evicted) and recreated it. Requests

@@ -37,6 +37,7 @@ def encode_results(results: Sequence[Result]) -> list[bytes]:
     for res in results:
         outputs = res.outputs
         if (res.status != "succeeded" or res.error is not None or res.degraded
+                or res.steps is not None
                 or type(outputs) is not np.ndarray):
             out.append(encode_result(res))
             continue

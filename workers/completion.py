@@ -176,6 +176,12 @@ class WriteHooks(Protocol):
         when it cannot take them, so the write path retries instead of losing a callback."""
         ...
 
+    async def before_terminal(self, answers: Sequence[Answer]) -> None:
+        """Every answer, before the write: what follows from a terminal result (a
+        pipeline's next step). Idempotent; raises ResultStoreError or TransportError
+        when it cannot be done, so the write path retries."""
+        ...
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """These deliveries are acked or let go (the worker's leases stop holding them)."""
         ...
@@ -189,6 +195,9 @@ class NoWriteHooks:
     """:class:`WriteHooks` that do nothing (a writer used on its own)."""
 
     async def before_write(self, answers: Sequence[Answer]) -> None:
+        pass
+
+    async def before_terminal(self, answers: Sequence[Answer]) -> None:
         pass
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -241,6 +250,10 @@ class ResultWriter:
                           a.notify_format)
             for a, body in zip(all_answers, bodies, strict=True)
         ]
+        if all_answers:
+            # Before the write too: a pipeline step's successor is enqueued (or its
+            # caller answered) first, so a crash in between re-runs it on redelivery.
+            await self.retrying("advance", self._hooks.before_terminal, all_answers)
         hooked = [a for a in all_answers if a.callback_url]
         if hooked:
             # Before the write, so a crash in between cannot lose a webhook. The sink is

@@ -155,6 +155,7 @@ class WorkerMetrics:
         self.up = Gauge("batchfleet_worker_up", "1 while the worker is consuming", ["model"],
                         registry=r)
         self._rollout_and_cache(r)
+        self._pipelines(r)
         self._done_since = 0
         self._last_sample = time.monotonic()
         self._rate = 0.0
@@ -177,6 +178,16 @@ class WorkerMetrics:
         #: "—" for it rather than a 0% that would read as "a chain that never answered".
         self._model_degraded: dict[str, int] = {}
 
+
+    def _pipelines(self, r: CollectorRegistry) -> None:
+        """Pipeline families (docs/pipelines.md), labelled by pipeline and step; the
+        per-model families keep their labels, so a step also counts under its model."""
+        self.pipeline_steps = Counter("batchfleet_pipeline_steps", "Pipeline steps whose "
+                                      "terminal result this worker wrote first, handed on",
+                                      ["pipeline", "step", "status"], registry=r)
+        self.pipeline_results = Counter("batchfleet_pipeline_results", "Pipeline results "
+                                        "this worker wrote for the caller (last step, or "
+                                        "the failure)", ["pipeline", "status"], registry=r)
 
     def _rollout_and_cache(self, r: CollectorRegistry) -> None:
         """The rollout and result-cache families (apart: one constructor would be too long)."""

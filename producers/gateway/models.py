@@ -56,6 +56,10 @@ class ResultOut(BaseModel):
         "The step that answered: cache, model:NAME@VERSION, rules:module:function or value."))
     degraded_error: ErrorDetail | None = Field(None, description=(
         "The failure that caused the degradation (error stays null on a success)."))
+    steps: list[dict[str, Any]] | None = Field(None, description=(
+        "A pipeline's result only: per step its model, model_version, status, queue_ms, "
+        "compute_ms, attempts, and degraded/fallback when a fallback answered it "
+        "(docs/pipelines.md)."))
 
 
 class Health(BaseModel):

@@ -46,6 +46,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "webhooks worker": ("--secret", "s3cret", "--burst"),
     "webhooks replay": ("--all",),
     "models declare": ("fraud", "--input", "float32[10]"),
+    "pipelines declare": ("embed", "--steps", "demo-tokenize,demo-encoder"),
 }
 #: The documented exit codes (README "Exit codes"): 1 failed, Redis included, for every
 #: command (demo's worker failing to start on a store that is down, too).

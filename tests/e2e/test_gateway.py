@@ -217,3 +217,27 @@ async def test_health_readiness_metrics_and_openapi(http: httpx.AsyncClient) -> 
     assert {"/v1/models/{model}/requests", "/v1/models/{model}/batches",
             "/v1/requests/{request_id}"} <= set(spec["paths"])
     assert "APIKeyHeader" in spec["components"]["securitySchemes"]
+
+
+async def test_a_pipeline_is_submitted_like_a_model_and_its_result_has_steps(
+        http: httpx.AsyncClient, worker: Worker, redis_url: str) -> None:
+    """POST /v1/models/{pipeline}/requests (issue 29): the result comes back under the
+    request ID the gateway gave, with ``steps``."""
+    from batchfleet.connectors.redis_plane import open_redis_control_plane
+    from batchfleet.schemas.pipeline import from_steps
+
+    plane = open_redis_control_plane(redis_url, namespace=NS)
+    try:
+        await plane.pipelines.declare(from_steps("tok-enc", "demo-encoder"))
+    finally:
+        await plane.close()
+    tokens = np.arange(64, dtype=np.int64) * 5 % 1024
+    sent = await http.post("/v1/models/tok-enc/requests",
+                           json={"inputs": tokens.tolist(), "dtype": "int64"}, headers=AUTH)
+    assert sent.status_code == 202, sent.text
+    rid = sent.json()["request_id"]
+    done = (await http.get(f"/v1/requests/{rid}", params={"wait": 30}, headers=AUTH)).json()
+    assert done["status"] == "succeeded" and done["model"] == "tok-enc", done
+    assert [s["step"] for s in done["steps"]] == ["demo-encoder"]
+    np.testing.assert_allclose(done["outputs"], _local(build_encoder(), tokens),
+                               rtol=1e-4, atol=1e-5)

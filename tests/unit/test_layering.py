@@ -41,6 +41,7 @@ BACKEND_ALLOWED: dict[str, tuple[set[str], str]] = {
                            "starts a server process for the demo; the doors open it"),
     "batchfleet/bench/fleet.py": ({"embedded_redis", "embedded_kafka"}, "starts servers"),
     "batchfleet/bench/run.py": ({"embedded_redis"}, "finds redis-server to start it"),
+    "batchfleet/bench/pipeline.py": ({"embedded_redis"}, "starts its own Redis"),
     "batchfleet/bench/capacity_meter.py": ({"redis_client"}, "meters Redis itself"),
     "batchfleet/bench/capacity_run.py": ({"redis_client"}, "meters Redis itself"),
     "batchfleet/bench/capacity_cluster.py": ({"cluster_store", "cluster_streams",

@@ -146,3 +146,23 @@ async def test_a_request_cancelled_while_queued_is_dropped_unrun() -> None:
         result = await f.client.wait(rid, 1)
     assert result.status == "cancelled"
     assert sum(model.batches) == 1 and await plane.cancels.size() == 0
+
+
+async def test_a_pipeline_runs_on_memory_as_on_redis() -> None:
+    """memory:// parity for pipelines (docs/pipelines.md): a two-step chain of the same
+    model, the result under the caller's ID with both steps."""
+    from batchfleet.schemas.errors import RequestConflictError
+    from batchfleet.schemas.pipeline import from_steps
+
+    async with fleet({"m": TorchModuleHandler("m", Flaky(fails=0))}) as f:
+        plane = open_control_plane(f.url, namespace="bf")
+        await plane.pipelines.declare(from_steps("twice", "m,m"))
+        rid = await f.client.submit("twice", row(1.5), request_id="mine")
+        done = await f.client.wait(rid, 10)
+        # a caller's own ID is idempotent with the same inputs, a conflict with others
+        assert await f.client.submit("twice", row(1.5), request_id="mine") == "mine"
+        with pytest.raises(RequestConflictError):
+            await f.client.submit("twice", row(2.5), request_id="mine")
+    assert done.status == "succeeded" and done.request_id == rid and done.model == "twice"
+    assert np.asarray(done.outputs).tolist() == (row(1.5) * 4).tolist()
+    assert [s["step"] for s in done.steps or []] == ["m", "m-2"]

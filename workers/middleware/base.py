@@ -140,6 +140,12 @@ class Middleware:
         """Answers with a ``callback_url``, before their results are written and acked.
         Raise ``ResultStoreError`` to have the write path retry (never swallow)."""
 
+    async def before_terminal(self, answers: Sequence[Answer]) -> None:
+        """Every answer of a completion, before its result is written: what must follow
+        from a terminal result (a pipeline's next step) happens here, so a crash before
+        the write re-runs it on redelivery. Must be idempotent; raise ``ResultStoreError``
+        or ``TransportError`` to have the write path retry (never swallow)."""
+
     def after_complete(self, done: Completed) -> None:
         """Results written and acked (or refused and left for redelivery)."""
 
@@ -292,6 +298,10 @@ class Chain:
     async def before_write(self, answers: Sequence[Answer]) -> None:
         for m in self.middleware:
             await m.before_write(answers)
+
+    async def before_terminal(self, answers: Sequence[Answer]) -> None:
+        for m in self.middleware:
+            await m.before_terminal(answers)
 
     def after_complete(self, done: Completed) -> None:
         for m in self.middleware:

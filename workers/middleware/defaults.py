@@ -20,6 +20,7 @@ from batchfleet.workers.middleware.leases import LeaseKeeper
 from batchfleet.workers.middleware.metrics import Metrics
 from batchfleet.workers.middleware.output_stats import OutputStats
 from batchfleet.workers.middleware.pauses import OperatorPauses
+from batchfleet.workers.middleware.pipelines import PipelineAdvance
 from batchfleet.workers.middleware.quarantine import Quarantine
 from batchfleet.workers.middleware.repository import repository_watch
 from batchfleet.workers.middleware.request_log import RequestLog
@@ -51,6 +52,7 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     guards = Guards(breaker, breaker, models)
     stats, metrics = Stats(), WorkerMetrics()
     chain: list[Middleware] = []
+    pipelines = PipelineAdvance(metrics)
     if s.metrics_port is not None:
         chain.append(HealthEndpoint(s.metrics_host, s.metrics_port, metrics.exposition))
     served = list(models)
@@ -72,7 +74,8 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
                             fallback=frozenset(m for m, c in chains.items()
                                                if any(st.kind == "cache" for st in c.steps))),
               *slo_batching(s.latency_slo_ms, s.max_batch_size, s.max_wait_ms, metrics),
-              Metrics(metrics, guards, s.sample_every_s), RequestLog(), HeartbeatLoop(),
+              Metrics(metrics, guards, s.sample_every_s), RequestLog(), pipelines,
+              HeartbeatLoop(),
               RetryPumpLoop()]
     policies = PolicyCache()  # rollout: per-version stats, shadow runs, the guard
     versions = VersionStats(metrics, policies)
@@ -86,10 +89,12 @@ def default_middleware(settings: WorkerSettings, models: Iterable[str]) -> list[
     tracer = otel_tracer("batchfleet-worker")  # None unless OTEL_* turned tracing on
     tracing = None if tracer is None else Tracing(tracer)
     if s.webhooks:
-        chain.append(Webhooks(RQCallbackSink(
+        webhooks = Webhooks(RQCallbackSink(
             s.webhook_redis_url or s.results_url, Names(s.namespace),
             retry_intervals=s.webhook_retry_intervals, keep_s=s.result_ttl_s,
-            traceparent_of=None if tracing is None else tracing.traceparent_of)))
+            traceparent_of=None if tracing is None else tracing.traceparent_of))
+        chain.append(webhooks)
+        pipelines.callbacks = webhooks.sink.enqueue  # a pipeline's result, for its caller
     if tracing is not None:  # last: its compute span spans the others' after_compute
         chain.append(tracing)
     return chain

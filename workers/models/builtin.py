@@ -1,4 +1,6 @@
-"""Built-in models, addressable by name with no code: ``demo-mlp`` and ``demo-encoder``.
+"""Built-in models, addressable by name with no code: ``demo-mlp``, ``demo-encoder`` and
+``demo-tokenize`` (a CPU preprocessing step for pipelines: text bytes to demo-encoder's
+token IDs).
 
 Weights are drawn from a fixed seed inside ``torch.random.fork_rng`` so they
 are reproducible and building a model never disturbs the caller's RNG. A spec
@@ -80,6 +82,27 @@ def check_tokens(inputs: Tensors) -> None:
             f"(e.g. {int(bad[0])})")
 
 
+#: demo-tokenize's input: UTF-8 text, zero-padded (or cut) to this many bytes.
+TOKENIZE_BYTES = 4 * ENCODER_SEQ_LEN
+
+
+class DemoTokenize(nn.Module):
+    """uint8[256] text bytes -> int64[64] token IDs in ``[0, 1024)``: each 4-byte window
+    hashed (a polynomial, mod the vocabulary). No weights: a preprocessing step, light on
+    CPU, whose output is demo-encoder's input, so the two make a pipeline."""
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        windows = text.long().reshape(text.shape[0], ENCODER_SEQ_LEN, 4)
+        weights = torch.tensor([29791, 961, 31, 1], dtype=torch.long)
+        return (windows * weights).sum(dim=2) % ENCODER_VOCAB
+
+
+def text_bytes(text: str) -> np.ndarray:
+    """A demo-tokenize input from a string."""
+    raw = text.encode()[:TOKENIZE_BYTES]
+    return np.frombuffer(raw.ljust(TOKENIZE_BYTES, b"\0"), dtype=np.uint8).copy()
+
+
 def demo_mlp(name: str = "demo-mlp", max_batch_size: int = 1024,
              seed: int = MLP_SEED) -> TorchModuleHandler:
     return TorchModuleHandler(
@@ -97,8 +120,18 @@ def demo_encoder(name: str = "demo-encoder", max_batch_size: int = 1024,
     )
 
 
+def demo_tokenize(name: str = "demo-tokenize", max_batch_size: int = 1024,
+                  seed: int = 0) -> TorchModuleHandler:
+    """``seed`` is accepted for a uniform signature; the tokenizer has no weights."""
+    return TorchModuleHandler(
+        name, DemoTokenize(), input_spec=TensorSpec("uint8", (TOKENIZE_BYTES,)),
+        max_batch_size=max_batch_size,
+    )
+
+
 #: Each takes (name, max_batch_size, seed); ``demo-mlp:seed=2`` is another network.
 BUILTIN_MODELS: dict[str, Callable[..., TorchModuleHandler]] = {
     "demo-mlp": demo_mlp,
     "demo-encoder": demo_encoder,
+    "demo-tokenize": demo_tokenize,
 }
