@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from batchfleet.connectors.control_plane import RolloutStats
+from batchfleet.connectors.output_report import role_of
 from batchfleet.connectors.rollout_stats import VersionDelta
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.schemas.registry import DEFAULT_LABEL, RolloutPolicy
@@ -53,16 +54,6 @@ def counts_as_failure(output: object) -> bool:
     return isinstance(output, BaseException)
 
 
-def role_of(policy: RolloutPolicy | None, label: str) -> str:
-    """What a version does under a policy: stable, canary, shadow, or pinned (named by a
-    request's ``version`` field only)."""
-    if policy is None:
-        return "stable" if label == DEFAULT_LABEL else "pinned"
-    if label == policy.stable:
-        return "stable"
-    if label == policy.canary:
-        return "canary"
-    return "shadow" if label == policy.shadow else "pinned"
 
 
 class PolicyCache:
