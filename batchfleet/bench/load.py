@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 from batchfleet.bench.closed_loop import Budget, ClosedLoopRun, closed_lanes
 from batchfleet.bench.crew import Crew, member_loop, sleep_until
 from batchfleet.bench.open_loop import OpenLoopRun, offer, poisson_arrivals
-from batchfleet.bench.procstat import CpuMeter, CpuSnapshot
+from batchfleet.bench.procstat import CpuMeter
 from batchfleet.bench.samples import Sample, in_window
 
 #: Default producer processes: enough that one client process is never the bottleneck on
@@ -178,7 +178,7 @@ class Producers:
         last = last_now
         if done:
             end = max((s.done for s in samples), default=last_now.wall)
-            last = CpuSnapshot(min(end, last_now.wall), last_now.seconds)
+            last = replace(last_now, wall=min(end, last_now.wall))
         window = in_window(samples, first.wall, last.wall)
         client_cpu = 0.0
         for r in results:

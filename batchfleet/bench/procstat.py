@@ -3,13 +3,19 @@
 The worker's CPU per request (excluding the model) is derived from these
 readings; the other processes (client, Redis, Kafka) are read the same way to
 show honestly what shares the machine with the worker.
+
+``/proc/PID/stat`` counts in clock ticks (10 ms), too coarse for a short window:
+a tiny run's worker can burn 30 ms and read as 0 or 10. Each thread's
+``schedstat`` counts nanoseconds, but a thread that exits takes its count with it,
+so a window's usage is the nanosecond difference when every thread seen at its
+start is still alive at its end, and the tick difference otherwise.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -26,6 +32,21 @@ def cpu_seconds(pid: int) -> float:
     # The command name (field 2) may contain spaces; fields resume after its ')'.
     fields = raw[raw.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """On-CPU nanoseconds of each live thread of ``pid`` (empty once it has gone)."""
+    found: dict[int, int] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def process_name(pid: int) -> str:
@@ -63,6 +84,8 @@ class CpuSnapshot:
 
     wall: float
     seconds: dict[str, float]
+    #: Per label, on-CPU nanoseconds of each thread alive at the snapshot.
+    threads: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 class CpuMeter:
@@ -79,8 +102,10 @@ class CpuMeter:
     def snapshot(self, wall: float) -> CpuSnapshot:
         seconds = {label: sum(cpu_seconds(pid) for pid in pids)
                    for label, pids in self.pids.items()}
+        threads = {label: {tid: ns for pid in pids for tid, ns in thread_cpu_ns(pid).items()}
+                   for label, pids in self.pids.items()}
         seconds[MACHINE] = system_busy_seconds()
-        return CpuSnapshot(wall, seconds)
+        return CpuSnapshot(wall, seconds, threads)
 
     @staticmethod
     def usage(start: CpuSnapshot, end: CpuSnapshot) -> dict[str, float]:
@@ -89,8 +114,15 @@ class CpuMeter:
         ``other`` is machine-wide busy time not accounted to a labelled process:
         anything else running on the box during the window (kernel, other jobs).
         """
-        used = {label: round(end.seconds[label] - start.seconds.get(label, 0.0), 4)
-                for label in end.seconds}
+        used = {label: round(_used(label, start, end), 4) for label in end.seconds}
         ours = sum(v for k, v in used.items() if k != MACHINE)
         used["other"] = round(max(0.0, used[MACHINE] - ours), 4)
         return used
+
+
+def _used(label: str, start: CpuSnapshot, end: CpuSnapshot) -> float:
+    """Nanosecond-exact where no thread exited in the window; clock ticks otherwise."""
+    before, after = start.threads.get(label), end.threads.get(label)
+    if before and after and before.keys() <= after.keys():
+        return sum(after.values()) / 1e9 - sum(before.values()) / 1e9
+    return end.seconds[label] - start.seconds.get(label, 0.0)
