@@ -42,6 +42,8 @@ from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.client_settings import CLIENT_DEFAULTS
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
+from batchfleet.producers.stage_stamps import DEFAULT_LIMIT as DEFAULT_STAGE_LIMIT
+from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.producers.waiting import ResultWaiter
 from batchfleet.schemas.envelopes import DEGRADE_ALLOW, NOTIFY_RESULTS, Result, encode_request
 from batchfleet.schemas.errors import (
@@ -204,6 +206,14 @@ class AsyncClient:
         await self._waiter.close()
         await self._publisher.close()
         await self._plane.close()
+
+    def record_stages(self, limit: int = DEFAULT_STAGE_LIMIT) -> StageStamps:
+        """Stamp when each announced result reaches this client (received, delivered to
+        its waiter), for diagnosing the caller's tail; pop them with ``StageStamps.pop``.
+        Off unless called: the stamps cost two clock reads per announcement."""
+        if self._waiter.stages is None:
+            self._waiter.stages = StageStamps(limit)
+        return self._waiter.stages
 
     def _template(self, model: str, priority: str, deadline_s: float | None,
                   callback_url: str | None, owner: str | None, version: str | None,

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.producers.result_sink import Sink
+from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.schemas.envelopes import Result, decode_result, peek_header
 from batchfleet.schemas.errors import (
     BatchfleetError,
@@ -94,6 +96,8 @@ class ResultWaiter:
         self._quiet: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
+        #: When announced results reached here, if asked (``producers.stage_stamps``).
+        self.stages: StageStamps | None = None
 
     async def start(self) -> None:
         """Subscribe before anything is submitted, so no announcement can be missed."""
@@ -373,6 +377,7 @@ class ResultWaiter:
         while True:
             announced = await subscription.next(self._poll_interval_s)
             if announced:
+                received = time.time() if self.stages is not None else 0.0
                 bodies: list[bytes] = []
                 unreadable: list[str] = []
                 for rid, body in announced:
@@ -385,7 +390,10 @@ class ResultWaiter:
                         bodies.append(body)
                     elif rid in self._expected:
                         self._keep(rid, body)  # done before anyone waited: keep it for then
-                self._resolve(self._decode(bodies, unreadable))
+                decoded = self._decode(bodies, unreadable)
+                self._resolve(decoded)
+                if self.stages is not None:
+                    self.stages.record((r.request_id for r in decoded), received, time.time())
                 if unreadable:
                     self._resolve(await self.fetch(unreadable, True))
             if loop.time() >= next_poll:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,8 @@ class ClosedLoopRun:
     #: results they received in it: the client's CPU per request.
     client_cpu_s: float = 0.0
     client_requests: int = 0
+    #: The worker's event loop apart from its other threads (``CpuMeter.thread_split``).
+    worker_threads: dict[str, float] = field(default_factory=dict)
 
     @property
     def throughput_rps(self) -> float:
@@ -74,6 +76,7 @@ async def closed_lanes(
     """
     samples: list[Sample] = []
     submitted = 0
+    stages = client.record_stages()
 
     async def lane(index: int) -> None:
         nonlocal submitted
@@ -88,7 +91,7 @@ async def closed_lanes(
             ids = await client.submit_many(model, rows)
             submitted += n
             async for res in client.as_completed(ids, WAIT_TIMEOUT_S):
-                samples.append(sample_of(res, sent, time.time()))
+                samples.append(sample_of(res, sent, time.time(), stages))
 
     await asyncio.gather(*(lane(i) for i in lanes))
     return samples, submitted
@@ -121,14 +124,17 @@ async def closed_loop(
         await asyncio.wait({work}, timeout=warmup_s)
         edges.append(at_start if work.done() else meter.snapshot(time.time()))
         await asyncio.wait({work}, timeout=max(0.0, stop_at - time.time()))
-        edges.append(meter.snapshot(time.time() if not work.done() else _last(samples)))
+        read = meter.snapshot(time.time())
+        edges.append(read if not work.done() else replace(read, wall=_last(samples)))
+        edges.append(read)
 
     work = asyncio.ensure_future(run())
     await asyncio.gather(work, measure(work))
-    first, last = edges
+    first, last, read = edges
     window = in_window(samples, first.wall, last.wall)
     return ClosedLoopRun(window, last.wall - first.wall, sum(counts),
-                         CpuMeter.usage(first, last), time.process_time() - cpu0, len(window))
+                         CpuMeter.usage(first, last), time.process_time() - cpu0, len(window),
+                         meter.thread_split(first, read, "worker"))
 
 
 def _last(samples: list[Sample]) -> float:

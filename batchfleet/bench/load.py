@@ -186,7 +186,8 @@ class Producers:
             client_cpu += marks[-1][1] - (marks[1][1] if len(marks) > 2 else marks[0][1])
         return ClosedLoopRun(window, last.wall - first.wall,
                              sum(r["submitted"] for r in results),
-                             CpuMeter.usage(first, last), client_cpu, len(window))
+                             CpuMeter.usage(first, last), client_cpu, len(window),
+                             meter.thread_split(first, last_now, "worker"))
 
     def open_loop(self, *, rate: float, duration_s: float, meter: CpuMeter,
                   rng: np.random.Generator, max_requests: int | None = None,
@@ -205,9 +206,11 @@ class Producers:
         first = meter.snapshot(time.time())
         results = self.crew.results()
         samples = [Sample(*row) for r in results for row in r["rows"]]
-        last = meter.snapshot(max((s.done for s in samples), default=time.time()))
+        read = meter.snapshot(time.time())
+        last = replace(read, wall=max((s.done for s in samples), default=read.wall))
         lag = [v for r in results for v in r["start_lag_ms"]]
         took = [v for r in results for v in r["submit_ms"]]
         return OpenLoopRun(rate, samples, sum(r["arrivals"] for r in results), last.wall - t0,
                            lag, took, CpuMeter.usage(first, last),
-                           sum(r["cpu_s"] for r in results))
+                           sum(r["cpu_s"] for r in results),
+                           meter.thread_split(first, read, "worker"))

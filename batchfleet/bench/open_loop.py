@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,8 @@ class OpenLoopRun:
     cpu_s: dict[str, float]
     #: CPU time (``time.process_time``) of the load generator(s) over the phase.
     client_cpu_s: float = 0.0
+    #: The worker's event loop apart from its other threads (``CpuMeter.thread_split``).
+    worker_threads: dict[str, float] = field(default_factory=dict)
 
     @property
     def achieved_rps(self) -> float:
@@ -99,10 +101,11 @@ async def offer(
     start_lag: list[float] = []
     submit_ms: list[float] = []
     duration_s = float(offsets[-1]) if len(offsets) else 0.0
+    stages = client.record_stages()
 
     async def collect() -> None:
         async for res in client.as_completed(ids, duration_s + _DRAIN_TIMEOUT_S):
-            samples.append(sample_of(res, scheduled[res.request_id], time.time()))
+            samples.append(sample_of(res, scheduled[res.request_id], time.time(), stages))
 
     slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
 
@@ -160,6 +163,8 @@ async def open_loop(
         return snaps[0].wall
 
     got = await offer(client, model, inputs, offsets, start_at=start_at, coalesce=coalesce)
-    last = meter.snapshot(max((s.done for s in got.samples), default=time.time()))
+    read = meter.snapshot(time.time())
+    last = replace(read, wall=max((s.done for s in got.samples), default=read.wall))
     return OpenLoopRun(rate, got.samples, got.arrivals, last.wall - got.t0, got.start_lag_ms,
-                       got.submit_ms, CpuMeter.usage(snaps[0], last), got.cpu_s)
+                       got.submit_ms, CpuMeter.usage(snaps[0], last), got.cpu_s,
+                       meter.thread_split(snaps[0], read, "worker"))

@@ -34,16 +34,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def thread_cpu_ns(pid: int) -> dict[int, int]:
-    """On-CPU nanoseconds of each live thread of ``pid`` (empty once it has gone)."""
-    found: dict[int, int] = {}
+def thread_cpu_ns(pid: int) -> dict[int, tuple[int, int]]:
+    """Each live thread of ``pid``: (nanoseconds on a CPU, nanoseconds runnable but
+    waiting for one); empty once it has gone."""
+    found: dict[int, tuple[int, int]] = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return found
     for task in tasks:
         try:
-            found[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+            run, wait = (task / "schedstat").read_text().split()[:2]
+            found[int(task.name)] = (int(run), int(wait))
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -84,8 +86,8 @@ class CpuSnapshot:
 
     wall: float
     seconds: dict[str, float]
-    #: Per label, on-CPU nanoseconds of each thread alive at the snapshot.
-    threads: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: Per label, (on-CPU, run-queue wait) nanoseconds of each thread alive at the snapshot.
+    threads: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
 
 
 class CpuMeter:
@@ -119,10 +121,35 @@ class CpuMeter:
         used["other"] = round(max(0.0, used[MACHINE] - ours), 4)
         return used
 
+    def thread_split(self, start: CpuSnapshot, end: CpuSnapshot,
+                     label: str) -> dict[str, float]:
+        """A process's main thread (its event loop, for a worker) apart from the rest.
+
+        ``loop_cpu_s``: the main threads' on-CPU seconds in the window; ``loop_wait_s``:
+        their seconds runnable but waiting for a CPU (another process or thread had it);
+        ``threads_cpu_s``: every other thread (compute, torch/OpenMP, helpers) on a CPU;
+        ``wall_s``: the wall time between the two snapshots.
+        Empty when a thread seen at the start had exited by the end (its count left
+        with it) or the label was not read.
+        """
+        before, after = start.threads.get(label), end.threads.get(label)
+        if not before or not after or not before.keys() <= after.keys():
+            return {}
+        mains = set(self.pids.get(label, ()))
+
+        def delta(tid: int, field_: int) -> int:
+            return after[tid][field_] - before.get(tid, (0, 0))[field_]
+
+        return {"wall_s": round(end.wall - start.wall, 4),
+                "loop_cpu_s": round(sum(delta(t, 0) for t in after if t in mains) / 1e9, 4),
+                "loop_wait_s": round(sum(delta(t, 1) for t in after if t in mains) / 1e9, 4),
+                "threads_cpu_s": round(
+                    sum(delta(t, 0) for t in after if t not in mains) / 1e9, 4)}
+
 
 def _used(label: str, start: CpuSnapshot, end: CpuSnapshot) -> float:
     """Nanosecond-exact where no thread exited in the window; clock ticks otherwise."""
     before, after = start.threads.get(label), end.threads.get(label)
     if before and after and before.keys() <= after.keys():
-        return sum(after.values()) / 1e9 - sum(before.values()) / 1e9
+        return (sum(v[0] for v in after.values()) - sum(v[0] for v in before.values())) / 1e9
     return end.seconds[label] - start.seconds.get(label, 0.0)

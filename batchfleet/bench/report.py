@@ -49,6 +49,11 @@ def _util(cpu: dict[str, float]) -> str:
     return " / ".join(f"{cpu[k]:.2f}" if k in cpu else "-" for k in order)
 
 
+def _threads(split: dict[str, float]) -> str:
+    keys = ("loop_busy_frac", "loop_wait_frac", "compute_threads_frac")
+    return " / ".join(f"{split[k]:.2f}" for k in keys) if split else "-"
+
+
 def throughput_table(report: dict[str, Any]) -> str:
     ceilings = report.get("ceilings", {})
     rows = []
@@ -66,11 +71,13 @@ def throughput_table(report: dict[str, Any]) -> str:
             _fmt(t["worker_overhead_us_per_request"]["as_specified"]),
             _fmt(t.get("client_cpu_us_per_request")),
             _util(t.get("cpu_util", {})),
+            _threads(t.get("worker_threads", {})),
         ))
     return table(("model", "transport", "batch / wait ms", "req/s", "ceiling req/s",
                   "e2e / ceiling", "mean batch", "queue ms", "compute ms", "rest ms",
                   "worker CPU us/req", "overhead us/req", "client CPU us/req",
-                  "CPU cores: worker / client / redis / kafka / other"), rows)
+                  "CPU cores: worker / client / redis / kafka / other",
+                  "worker loop busy / loop waiting / other threads (cores)"), rows)
 
 
 def latency_table(report: dict[str, Any]) -> str:
@@ -91,6 +98,30 @@ def latency_table(report: dict[str, Any]) -> str:
                   "achieved req/s", "caller p50 ms", "caller p95 ms", "caller p99 ms",
                   "fleet p50 ms", "fleet p95 ms", "fleet p99 ms", "mean batch",
                   "client CPU us/req", "submit p50 ms", "client lag p99 ms"), rows)
+
+
+def stages_table(report: dict[str, Any]) -> str:
+    """After the worker's ``finished_at``: where the caller's time goes, per open-loop row."""
+    rows = []
+    for s in report.get("scenarios", []):
+        points = [*s["latency"], *([s["latency_coalesced"]] if "latency_coalesced" in s else [])]
+        for p in points:
+            st = p.get("client_stages") or {}
+            if not st:
+                continue
+            style = "submit_many" if p["submit_mode"] == "coalesced" else "submit()"
+
+            def pair(name: str, st: dict[str, Any] = st) -> str:
+                got = st.get(name)
+                return f"{_fmt(got['p50'], 2)} / {_fmt(got['p99'], 2)}" if got else "-"
+
+            rows.append((s["model"], s["transport"], f"{p['load']:.0%} {style}",
+                         pair("announce_ms"), pair("deliver_ms"), pair("wake_ms"),
+                         f"{st.get('announced_frac', 0.0):.1%}"))
+    return table(("model", "transport", "load / submit style",
+                  "finished_at -> announcement received, p50 / p99 ms",
+                  "decode and hand over, p50 / p99 ms", "caller task wakes, p50 / p99 ms",
+                  "announced"), rows)
 
 
 def baselines_table(report: dict[str, Any]) -> str:
@@ -221,7 +252,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "\n## Throughput (closed loop, saturated)\n", throughput_table(report),
                 "\n## Latency (open loop, Poisson; caller-side: scheduled arrival to result "
                 "in the caller; fleet-side: enqueued_at to finished_at)\n",
-                latency_table(report), "\n## Baselines (same run, same machine)\n",
+                latency_table(report),
+                "\n## After finished_at: where the caller's time goes (open loop)\n",
+                stages_table(report), "\n## Baselines (same run, same machine)\n",
                 baselines_table(report)]
     if report.get("flood"):
         from batchfleet.bench.flood import flood_table

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.schemas.envelopes import Result
 
 
@@ -36,6 +37,10 @@ class Sample:
     batch_size: int
     enqueued_at: float = 0.0
     finished_at: float = 0.0
+    #: When the result's announcement reached the client and when it was handed to its
+    #: waiter (``producers.stage_stamps``); 0.0 for a result read back, not announced.
+    received_at: float = 0.0
+    delivered_at: float = 0.0
 
     @property
     def latency_ms(self) -> float:
@@ -48,15 +53,50 @@ class Sample:
             return math.nan
         return (self.finished_at - self.enqueued_at) * 1000.0
 
-    def as_row(self) -> tuple[float, float, str, float, float, int, float, float]:
+    def as_row(self) -> tuple[float, float, str, float, float, int, float, float, float,
+                              float]:
         """A plain tuple: cheap to pickle back from a producer process."""
         return (self.sent, self.done, self.status, self.queue_ms, self.compute_ms,
-                self.batch_size, self.enqueued_at, self.finished_at)
+                self.batch_size, self.enqueued_at, self.finished_at, self.received_at,
+                self.delivered_at)
 
 
-def sample_of(result: Result, sent: float, done: float) -> Sample:
+def sample_of(result: Result, sent: float, done: float,
+              stages: StageStamps | None = None) -> Sample:
+    stamps = stages.pop(result.request_id) if stages is not None else None
+    received, delivered = stamps or (0.0, 0.0)
     return Sample(sent, done, result.status, result.queue_ms or 0.0, result.compute_ms or 0.0,
-                  result.batch_size or 0, result.enqueued_at or 0.0, result.finished_at or 0.0)
+                  result.batch_size or 0, result.enqueued_at or 0.0, result.finished_at or 0.0,
+                  received, delivered)
+
+
+#: The stages between the worker's terminal write and the caller (``client_stages``).
+STAGES = ("announce_ms", "deliver_ms", "wake_ms")
+
+
+def client_stages(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Where a result's time goes after the worker's ``finished_at``, p50/p99 per stage.
+
+    ``announce_ms``: ``finished_at`` to the client's listener receiving the announcement
+    (the terminal write, Redis pub/sub, the client's socket read and its loop getting to
+    the listener); ``deliver_ms``: decoding the announcement's bodies and handing them to
+    their waiters; ``wake_ms``: from there to the caller's task taking the result (its
+    scheduling on the client's loop). ``announced_frac``: the share of results that came
+    by announcement (the rest were read back by the safety poll and have no stages).
+    """
+    stamped = [s for s in samples if s.received_at and s.finished_at]
+    out: dict[str, Any] = {"announced_frac": _r(len(stamped) / len(samples)) if samples
+                           else 0.0}
+    columns = {
+        "announce_ms": [(s.received_at - s.finished_at) * 1000.0 for s in stamped],
+        "deliver_ms": [(s.delivered_at - s.received_at) * 1000.0 for s in stamped],
+        "wake_ms": [(s.done - s.delivered_at) * 1000.0 for s in stamped],
+    }
+    for name, values in columns.items():
+        if values:
+            p50, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 99])
+            out[name] = {"p50": _r(float(p50)), "p99": _r(float(p99))}
+    return out
 
 
 def in_window(samples: Sequence[Sample], start: float, end: float) -> list[Sample]:

@@ -24,7 +24,7 @@ from batchfleet.bench.load import DEFAULT_PRODUCERS, Producers
 from batchfleet.bench.open_loop import OpenLoopRun
 from batchfleet.bench.plan import ModelPlan
 from batchfleet.bench.procstat import CpuMeter
-from batchfleet.bench.samples import batch_totals, latency_summary, time_split
+from batchfleet.bench.samples import batch_totals, client_stages, latency_summary, time_split
 from batchfleet.demo import demo_inputs
 
 #: Pool of distinct inputs the scenario cycles through.
@@ -96,6 +96,7 @@ def summarize_closed(run: ClosedLoopRun, model_cpu_per_wall: float) -> dict[str,
             worker_cpu, totals.compute_s, totals.requests, model_cpu_per_wall),
         "client_cpu_us_per_request": round(run.client_cpu_us_per_request, 2),
         "model_busy_frac": round(totals.compute_s / run.window_s, 3) if run.window_s else 0.0,
+        "worker_threads": thread_fractions(run.worker_threads),
     }
 
 
@@ -129,7 +130,26 @@ def summarize_open(run: OpenLoopRun, load: float, model_cpu_per_wall: float,
         if run.wall_s > 0 else {},
         "worker_overhead_us_per_request": worker_overhead_us(
             worker_cpu, totals.compute_s, totals.requests, model_cpu_per_wall),
+        "worker_threads": thread_fractions(run.worker_threads),
+        "client_stages": client_stages(run.samples),
     }
+
+
+def thread_fractions(split: dict[str, float]) -> dict[str, float]:
+    """The worker's thread split as shares of its window's wall time (cores).
+
+    ``loop_busy_frac`` is the event loop's thread on a CPU; ``loop_wait_frac`` is it
+    runnable but waiting for a CPU (so busy + wait is the share of the window the loop
+    had work); ``compute_threads_frac`` is every other thread on a CPU (the compute
+    thread and torch's intra-op threads: up to the torch thread count). Empty when the
+    split could not be read (a worker thread exited in the window).
+    """
+    window_s = split.get("wall_s", 0.0)
+    if window_s <= 0:
+        return {}
+    return {"loop_busy_frac": round(split["loop_cpu_s"] / window_s, 3),
+            "loop_wait_frac": round(split["loop_wait_s"] / window_s, 3),
+            "compute_threads_frac": round(split["threads_cpu_s"] / window_s, 3)}
 
 
 T = TypeVar("T")

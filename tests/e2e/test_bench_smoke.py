@@ -76,6 +76,19 @@ def _check_open_point(point: dict[str, Any]) -> None:
         assert lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"]
     assert _positive(point["offered_rps"]) and _positive(point["achieved_rps"])
     assert _positive(point["client_cpu_us_per_request"])
+    stages = point["client_stages"]  # announced here: the one-hop path, so stamped
+    assert 0 < stages["announced_frac"] <= 1
+    for name in ("announce_ms", "deliver_ms", "wake_ms"):
+        assert math.isfinite(stages[name]["p50"]) and stages[name]["p50"] <= stages[name]["p99"]
+    assert stages["deliver_ms"]["p50"] >= 0 and stages["wake_ms"]["p50"] >= 0
+
+
+def _check_threads(threads: dict[str, float]) -> None:
+    """The worker's event loop apart from its compute threads, as shares of the window."""
+    assert set(threads) == {"loop_busy_frac", "loop_wait_frac", "compute_threads_frac"}
+    assert _positive(threads["loop_busy_frac"]) and threads["loop_busy_frac"] <= 1.0  # one thread
+    assert _positive(threads["compute_threads_frac"])
+    assert threads["loop_wait_frac"] >= 0 and math.isfinite(threads["loop_wait_frac"])
 
 
 def _check_scenario(s: dict[str, Any]) -> None:
@@ -88,6 +101,7 @@ def _check_scenario(s: dict[str, Any]) -> None:
     split = t["time_split"]
     assert _positive(split["mean_e2e_ms"]) and split["mean_queue_ms"] >= 0
     assert _positive(split["mean_compute_ms"])
+    _check_threads(t["worker_threads"])
     overhead = t["worker_overhead_us_per_request"]["as_specified"]  # None: not measurable
     assert overhead is None or (math.isfinite(overhead) and overhead >= 0)
     assert [p["load"] for p in s["latency"]] == [0.25, 0.5, 0.8]
@@ -96,6 +110,7 @@ def _check_scenario(s: dict[str, Any]) -> None:
     assert s["latency_coalesced"]["submit_mode"] == "coalesced"
     for point in [*s["latency"], s["latency_coalesced"]]:
         _check_open_point(point)
+        _check_threads(point["worker_threads"])
 
 
 def _check_sweep(report: dict[str, Any], tmp_path: Path) -> None:
