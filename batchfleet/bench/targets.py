@@ -70,6 +70,27 @@ def _scenario(report: dict[str, Any], model: str, transport: str) -> dict[str, A
     return None
 
 
+def encoder_cause(scenario: dict[str, Any], ceiling: dict[str, Any]) -> str:
+    """What the ratio hides: the ceiling's median round (its best is the bound), the
+    forward pass inside the worker against alone, and the worker's event-loop share."""
+    t = scenario["throughput"]
+    parts = []
+    rounds = sorted(r for r in ceiling["forward"].get("rounds", []) if r)
+    if rounds:
+        median = rounds[len(rounds) // 2]
+        parts.append(f"{t['throughput_rps'] / median:.2f} of the ceiling's median round "
+                     f"({median:,.1f}/s; rounds {rounds[0]:,.1f}-{rounds[-1]:,.1f})")
+    compute = t.get("time_split", {}).get("mean_compute_ms")
+    if compute:
+        parts.append(f"forward {compute:.1f} ms per batch in the worker vs "
+                     f"{ceiling['forward']['ms_per_batch']:.1f} ms alone")
+    threads = t.get("worker_threads") or {}
+    if threads:
+        parts.append(f"worker event loop busy {threads['loop_busy_frac']:.2f} cores, "
+                     f"compute threads {threads['compute_threads_frac']:.2f}")
+    return "".join(f"; {p}" for p in parts)
+
+
 def evaluate(report: dict[str, Any]) -> list[Target]:
     out: list[Target] = []
     ceilings = report.get("ceilings", {})
@@ -82,7 +103,8 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
             out.append(Target(
                 f"demo-encoder e2e / model-alone ceiling ({transport})",
                 round(e2e / alone, 3), ENCODER_VS_CEILING[transport], "min", "x",
-                f"{e2e:,.1f} vs {alone:,.1f} req/s at batch {ceiling['batch_size']}"))
+                f"{e2e:,.1f} vs {alone:,.1f} req/s at batch {ceiling['batch_size']}"
+                + encoder_cause(enc, ceiling)))
     mlp = _scenario(report, "demo-mlp", "redis")
     rq = report.get("naive_rq", {}).get("fastest")
     if mlp and rq:

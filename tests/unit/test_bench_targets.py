@@ -49,3 +49,19 @@ def test_tracing_off_is_a_target_and_a_tracing_layer_would_show() -> None:
     (t,) = evaluate({"tracing_unset": {"us_per_request": 0.03, "client_us_per_request": 0.03,
                                        "worker_tracing_layer": False}})
     assert t.met and "no tracing middleware" in t.detail
+
+
+def test_the_encoder_target_names_the_median_round_the_forward_and_the_loop() -> None:
+    scenario = {"model": "demo-encoder", "transport": "redis", "throughput": {
+        "throughput_rps": 300.0, "time_split": {"mean_compute_ms": 100.0},
+        "worker_threads": {"loop_busy_frac": 0.04, "loop_wait_frac": 0.03,
+                           "compute_threads_frac": 1.7}}}
+    ceiling = {"batch_size": 32, "forward": {"samples_per_s": 400.0, "ms_per_batch": 80.0,
+                                             "rounds": [400.0, 320.0, 360.0]}}
+    [target] = [t for t in evaluate({"scenarios": [scenario],
+                                     "ceilings": {"demo-encoder": ceiling}})
+                if t.name.startswith("demo-encoder")]
+    assert target.value == 0.75 and not target.met
+    assert "0.83 of the ceiling's median round (360.0/s; rounds 320.0-400.0)" in target.detail
+    assert "forward 100.0 ms per batch in the worker vs 80.0 ms alone" in target.detail
+    assert "event loop busy 0.04 cores, compute threads 1.70" in target.detail
