@@ -8,6 +8,12 @@ batches and await their futures, one consumer ``getmany`` + ``commit`` per batch
 Producers keep at most ``window`` messages outstanding (produced minus consumed,
 shared counters), like the fleet's closed loop, so the stream never grows
 without bound. Throughput is what the consumer acknowledged inside the window.
+
+Latency, to 1 ms, is each message's age when the consumer got it: the consumer's clock
+against the entry ID's milliseconds (Redis stamps them at XADD) or the record's
+timestamp (aiokafka stamps it at ``send``). With ``window`` messages outstanding it is a
+closed loop's latency (about ``window`` / throughput), the broker's own at that depth:
+what the fleet's Kafka tail is judged against where Tansu is the floor.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import multiprocessing
 import time
 import uuid
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -72,7 +79,9 @@ def producer_main(conn: Connection, spec: _Spec, produced: Any, index: int,
 
 
 async def _consume(spec: _Spec, consumed: Any, start_at: Any) -> dict[str, Any]:
-    stamps: list[tuple[float, int]] = []
+    #: (when, messages, where this batch's ages start in ``ages``) per batch
+    stamps: list[tuple[float, int, int]] = []
+    ages = array("i")
     if spec.transport == "kafka":
         from aiokafka import AIOKafkaConsumer
 
@@ -92,11 +101,15 @@ async def _consume(spec: _Spec, consumed: Any, start_at: Any) -> dict[str, Any]:
                 if n:
                     await consumer.commit()
                     consumed.value += n
-                    stamps.append((time.time(), n))
+                    now = time.time()
+                    now_ms = int(now * 1000)
+                    stamps.append((now, n, len(ages)))
+                    ages.extend(now_ms - record.timestamp
+                                for records in got.values() for record in records)
             cpu = time.process_time() - cpu0
         finally:
             await consumer.stop()
-        return {"stamps": stamps, "cpu_s": cpu}
+        return {"stamps": stamps, "ages": ages, "cpu_s": cpu}
     r = _redis_from(spec.url)
     r.xgroup_create(spec.target, _GROUP, id="0", mkstream=True)
     t0 = await start_at()
@@ -113,10 +126,13 @@ async def _consume(spec: _Spec, consumed: Any, start_at: Any) -> dict[str, Any]:
         pipe.xdel(spec.target, *ids)
         pipe.execute()
         consumed.value += len(ids)
-        stamps.append((time.time(), len(ids)))
+        now = time.time()
+        now_ms = int(now * 1000)
+        stamps.append((now, len(ids), len(ages)))
+        ages.extend(now_ms - int(entry_id.split(b"-", 1)[0]) for entry_id in ids)
     cpu = time.process_time() - cpu0
     r.close()
-    return {"stamps": stamps, "cpu_s": cpu}
+    return {"stamps": stamps, "ages": ages, "cpu_s": cpu}
 
 
 async def _produce(spec: _Spec, produced: Any, index: int, consumed: Any,
@@ -207,9 +223,12 @@ def broker_loop(transport: str, url: str, server_pids: dict[str, int], *, batch:
         last = meter.snapshot(time.time())
         consumer = cons.results()[0]
         sent = prods.results()
-    window_n = sum(n for t, n in consumer["stamps"] if first.wall <= t <= last.wall)
+    inside = [(n, at) for t, n, at in consumer["stamps"] if first.wall <= t <= last.wall]
+    window_n = sum(n for n, _ in inside)
     window_s = last.wall - first.wall
-    batches = [n for t, n in consumer["stamps"] if first.wall <= t <= last.wall]
+    batches = [n for n, _ in inside]
+    ages = consumer["ages"]
+    latency = message_ages([ages[at:at + n] for n, at in inside])
     cpu = CpuMeter.usage(first, last)
     if transport == "kafka":
         _delete_topic(url, target)
@@ -224,7 +243,20 @@ def broker_loop(transport: str, url: str, server_pids: dict[str, int], *, batch:
         "cpu_util": {k: round(v / window_s, 3) for k, v in cpu.items()} if window_s > 0 else {},
         "consumer_cpu_us_per_msg": round(cpu.get("consumer", 0.0) / max(1, window_n) * 1e6, 2),
         "client_cpu_us_per_msg": round(cpu.get("client", 0.0) / max(1, window_n) * 1e6, 2),
+        "latency_ms": latency,
     }
+
+
+def message_ages(batches: list[Any]) -> dict[str, float]:
+    """p50/p99/max of the messages' ages in ms (1 ms resolution); empty with none."""
+    if not batches:
+        return {}
+    ages = np.concatenate([np.asarray(b, dtype=np.float64) for b in batches])
+    if not len(ages):
+        return {}
+    p50, p99 = np.percentile(ages, [50, 99])
+    return {"p50": round(float(p50), 1), "p99": round(float(p99), 1),
+            "max": round(float(ages.max()), 1)}
 
 
 def _delete_topic(bootstrap: str, topic: str) -> None:

@@ -124,6 +124,13 @@ def stages_table(report: dict[str, Any]) -> str:
                   "announced"), rows)
 
 
+def _ages(latency: dict[str, float] | None) -> str:
+    if not latency:
+        return ""
+    return (f"message age p50 {_fmt(latency['p50'])} / p99 {_fmt(latency['p99'])} ms "
+            f"({_fmt(latency['max'])} max); ")
+
+
 def baselines_table(report: dict[str, Any]) -> str:
     rows = []
     for c in report.get("ceilings", {}).values():
@@ -154,6 +161,7 @@ def baselines_table(report: dict[str, Any]) -> str:
                      f"{loop['producers']} producer processes",
                      _fmt(loop["msgs_per_s"]),
                      f"no decode, no model; mean batch {_fmt(loop['mean_batch_size'])}; "
+                     + _ages(loop.get("latency_ms")) +
                      f"consumer CPU {_fmt(loop['consumer_cpu_us_per_msg'], 2)} us/msg, "
                      f"producers {_fmt(loop['client_cpu_us_per_msg'], 2)} us/msg"))
     return table(("baseline", "setting", "req/s", "notes"), rows)

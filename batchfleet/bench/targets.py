@@ -24,6 +24,8 @@ CACHE_SPEEDUP = 1.8
 #: The cache row's hit ratio must be 50 % within this many percentage points.
 CACHE_HIT_SLACK_PP = 1.0
 TRACING_UNSET_US = 1.0
+#: Issue 31: Kafka within this factor of Redis (or of the Kafka broker-only loop's latency).
+KAFKA_PARITY = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,7 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
             _num(over["as_specified"]), OVERHEAD_GOAL_US, "max", "us",
             f"(worker CPU - sum of compute_ms) / requests at saturation; "
             f"{_num(over['cpu_corrected']):g} us charging compute at its CPU/wall ratio"))
+    out += _kafka_parity(report)
     slo = report.get("sweep_slo")
     if slo and not slo.get("skipped"):
         goal = _num(slo["latency_slo_ms"])
@@ -170,6 +173,35 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
             f"worker: {'a' if tracing['worker_tracing_layer'] else 'no'} tracing middleware "
             f"installed; client: one check per request, "
             f"{_num(tracing['client_us_per_request']):.3g} us (timeit)"))
+    return out
+
+
+def _kafka_parity(report: dict[str, Any]) -> list[Target]:
+    """Issue 31: Kafka's caller p99 (``submit_many`` at 50%) and worker CPU outside the
+    model within 1.5x of Redis's; for the p99, or of the Kafka broker-only loop's p99 where
+    Tansu's own latency is the floor (the larger of the two is the reference)."""
+    redis, kafka = _scenario(report, "demo-mlp", "redis"), _scenario(report, "demo-mlp", "kafka")
+    if not redis or not kafka:
+        return []
+    out = []
+    r_half, k_half = redis.get("latency_coalesced"), kafka.get("latency_coalesced")
+    if r_half and k_half:
+        r99, k99 = _num(r_half["latency"]["p99_ms"]), _num(k_half["latency"]["p99_ms"])
+        loop = report.get("broker_loop", {}).get("kafka") or {}
+        floor = _num((loop.get("latency_ms") or {}).get("p99"))
+        reference = max(r99, floor) if math.isfinite(floor) else r99
+        out.append(Target(
+            "Kafka / Redis caller-side p99 at 50%, submit_many producers (demo-mlp)",
+            round(k99 / reference, 2) if reference else math.nan, KAFKA_PARITY, "max", "x",
+            f"{k99:,.1f} vs {r99:,.1f} ms over Redis; the Kafka broker-only loop's p99 "
+            + (f"{floor:,.1f} ms" if math.isfinite(floor) else "not measured")
+            + "; the larger is the reference"))
+    r_cpu = _num(redis["throughput"]["worker_overhead_us_per_request"]["as_specified"])
+    k_cpu = _num(kafka["throughput"]["worker_overhead_us_per_request"]["as_specified"])
+    out.append(Target(
+        "Kafka / Redis worker CPU per request outside the model (demo-mlp)",
+        round(k_cpu / r_cpu, 2) if r_cpu else math.nan, KAFKA_PARITY, "max", "x",
+        f"{k_cpu:g} vs {r_cpu:g} us at saturation"))
     return out
 
 

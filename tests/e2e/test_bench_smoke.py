@@ -66,6 +66,8 @@ def _check_broker_loop(report: dict[str, Any], transports: list[str]) -> None:
         assert _positive(loop["msgs_per_s"]) and _positive(loop["payload_bytes"])
         assert 1 <= loop["mean_batch_size"] <= 256
         assert _positive(loop["consumer_cpu_us_per_msg"])
+        ages = loop["latency_ms"]  # 1 ms resolution: a fast loop's p50 may read 0
+        assert 0 <= ages["p50"] <= ages["p99"] <= ages["max"] and math.isfinite(ages["max"])
 
 
 def _check_open_point(point: dict[str, Any]) -> None:

@@ -65,3 +65,25 @@ def test_the_encoder_target_names_the_median_round_the_forward_and_the_loop() ->
     assert "0.83 of the ceiling's median round (360.0/s; rounds 320.0-400.0)" in target.detail
     assert "forward 100.0 ms per batch in the worker vs 80.0 ms alone" in target.detail
     assert "event loop busy 0.04 cores, compute threads 1.70" in target.detail
+
+
+def _mlp(transport: str, p99: float, overhead: float) -> dict[str, object]:
+    return {"model": "demo-mlp", "transport": transport, "max_wait_ms": 5.0, "latency": [],
+            "latency_coalesced": {"load": 0.5, "offered_rps": 1000.0,
+                                  "latency": {"p99_ms": p99}, "latency_fleet": {}},
+            "throughput": {"throughput_rps": 1.0, "worker_overhead_us_per_request": {
+                "as_specified": overhead, "cpu_corrected": overhead}}}
+
+
+def test_kafka_parity_takes_the_broker_loop_as_reference_where_it_is_the_floor() -> None:
+    scenarios = [_mlp("redis", 20.0, 30.0), _mlp("kafka", 60.0, 40.0)]
+
+    def parity(report: dict[str, object]) -> dict[str, tuple[float, bool]]:
+        return {t.name.split(" (")[0]: (t.value, t.met) for t in evaluate(report)
+                if t.name.startswith("Kafka / Redis")}
+    alone = parity({"scenarios": scenarios})
+    assert alone == {"Kafka / Redis caller-side p99 at 50%, submit_many producers": (3.0, False),
+                     "Kafka / Redis worker CPU per request outside the model": (1.33, True)}
+    floor = {"kafka": {"latency_ms": {"p50": 20.0, "p99": 45.0, "max": 50.0}}}
+    with_loop = parity({"scenarios": scenarios, "broker_loop": floor})
+    assert with_loop["Kafka / Redis caller-side p99 at 50%, submit_many producers"] == (1.33, True)
