@@ -307,7 +307,8 @@ class RedisStreamsConsumer:
             for entry_id, fields in entries:
                 payload = fields.get(PAYLOAD_FIELD, b"") if fields else b""
                 out.append(Delivery(model, lane, payload, (stream, entry_id), delivery_count=1))
-        out.sort(key=lambda d: LANES.index(d.lane))
+        if reply and len(reply) > 1:  # one stream's entries share a lane: nothing to order
+            out.sort(key=lambda d: LANES.index(d.lane))
         return out
 
     async def _reclaim(self, max_count: int) -> list[Delivery]:
