@@ -81,8 +81,9 @@ def client_stages(samples: Sequence[Sample]) -> dict[str, Any]:
     (the terminal write, Redis pub/sub, the client's socket read and its loop getting to
     the listener); ``deliver_ms``: decoding the announcement's bodies and handing them to
     their waiters; ``wake_ms``: from there to the caller's task taking the result (its
-    scheduling on the client's loop). ``announced_frac``: the share of results that came
-    by announcement (the rest were read back by the safety poll and have no stages).
+    scheduling on the client's loop). ``announced_frac``: the share of results stamped so
+    (the rest have no stages: read back by the safety poll, or announced before their
+    caller began to wait, and kept for it).
     """
     stamped = [s for s in samples if s.received_at and s.finished_at]
     out: dict[str, Any] = {"announced_frac": _r(len(stamped) / len(samples)) if samples
