@@ -9,7 +9,9 @@ partition this process remembers one past the highest offset it fetched and the
 highest offset it committed (kept while it keeps the partition across a rebalance,
 forgotten once another member had it), and calls the log lost when:
 
-* a fetch response's highwater is below an offset this process fetched;
+* a fetch response's highwater is below an offset this process fetched and below
+  the highest highwater it saw (a broker may report an end below records it hands
+  out; only an end that moves back counts);
 * a fetch hands back an offset below one already fetched in the same assignment
   (aiokafka reset the position after ``OffsetOutOfRange``);
 * the first fetch of an assignment starts below an offset this process committed
@@ -72,6 +74,7 @@ class LossWatch:
     def __init__(self, group: str) -> None:
         self._group = group
         self._fetched: dict[TopicPartition, int] = {}  # one past the highest fetched
+        self._ends: dict[TopicPartition, int] = {}  # the highest log end seen
         self._committed: dict[TopicPartition, int] = {}  # highest committed by this process
         self._epochs: dict[TopicPartition, int] = {}
         self._warned: dict[str, float] = {}
@@ -104,7 +107,16 @@ class LossWatch:
             self._committed[tp] = max(offset, self._committed.get(tp, 0))
 
     def end_went_back(self, tp: TopicPartition, highwater: int | None) -> bool:
-        return highwater is not None and highwater < self._fetched.get(tp, 0)
+        """The log end moved back: below the highest end seen in this epoch and below an
+        offset fetched. Below a fetched offset alone is not enough: a broker that lost
+        its log can hand out records past the end it reports, with that end standing
+        still (Tansu after a restart, under load), and calling each fetch a new loss
+        read the first records again for ever, never those after them."""
+        if highwater is None:
+            return False
+        seen = self._ends.get(tp)
+        self._ends[tp] = highwater if seen is None else max(seen, highwater)
+        return seen is not None and highwater < seen and highwater < self._fetched.get(tp, 0)
 
     def lost(self, tp: TopicPartition, lane: tuple[str, str], records: Sequence[Any] | None
              ) -> None:
@@ -115,6 +127,7 @@ class LossWatch:
         new log's first records (the caller reads it from its start), see :meth:`dated`.
         """
         self._fetched.pop(tp, None)
+        self._ends.pop(tp, None)
         self._committed.pop(tp, None)
         self._epochs[tp] = self.epoch(tp) + 1
         self.losses += 1
@@ -147,6 +160,7 @@ class LossWatch:
         """A topic vanished: every partition of it this process saw starts a new epoch."""
         for tp in list(tps):
             self._fetched.pop(tp, None)
+            self._ends.pop(tp, None)
             self._committed.pop(tp, None)
             self._epochs[tp] = self.epoch(tp) + 1
         now_ms = int(time.time() * 1000)
@@ -161,6 +175,7 @@ class LossWatch:
         """Partitions others owned since this process saw them: what it saw is stale."""
         for tp in tps:
             self._fetched.pop(tp, None)
+            self._ends.pop(tp, None)
             self._committed.pop(tp, None)
 
     def known(self) -> list[TopicPartition]:

@@ -29,8 +29,24 @@ def test_offsets_that_go_back_are_a_loss_and_forward_ones_are_not() -> None:
     # it), but never below what it committed
     assert not watch.fetched(TP, [_rec(450, 0)], first_in_assignment=True, next_offset=None)
     assert watch.fetched(TP, [_rec(10, 0)], first_in_assignment=True, next_offset=None)
-    assert watch.end_went_back(TP, 20) and not watch.end_went_back(TP, 500)
+    assert not watch.end_went_back(TP, 500) and watch.end_went_back(TP, 20)
     assert not watch.end_went_back(TP, None)
+
+
+def test_an_end_that_stands_below_fetched_records_is_not_a_loss_each_time() -> None:
+    """Tansu after a restart under load handed out offsets 0-15 while reporting an end of
+    11, fetch after fetch: only an end that moves back is a loss, else each fetch would
+    start a new epoch and read the same first records again for ever."""
+    watch = LossWatch("g")
+    watch.note_fetched(TP, 150)
+    assert not watch.end_went_back(TP, 150)
+    assert watch.end_went_back(TP, 11)  # the restart: the end moved back
+    watch.lost(TP, ("m", "interactive"), None)
+    watch.note_fetched(TP, 16)  # the new log, read from its start, past its stated end
+    assert not watch.end_went_back(TP, 11)
+    watch.note_fetched(TP, 24)
+    assert not watch.end_went_back(TP, 11) and not watch.end_went_back(TP, 19)
+    assert watch.end_went_back(TP, 3)  # lost again: the end moved back below 19
 
 
 def test_a_loss_starts_a_new_epoch_forgets_the_old_log_and_notes_the_lane() -> None:
