@@ -48,10 +48,6 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
     return got.exit_code, got.stdout, str(got.exception or "")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, open: in the full suite on this machine (2 of 2 CI rehearsals on "
-    "2026-11-26, passing alone) the second phase's windows held 2,992 and 4,720 of 6,000 "
-    "requests (the first phase exact); the closing note of stop 34 has the details"))
 async def test_two_workers_merge_exactly_and_drift_shows_against_the_baseline(
         redis_url: str) -> None:
     settings = {"max_wait_ms": 2, "stats_window_s": 1}

@@ -129,6 +129,9 @@ class OutputStats(Middleware):
         self._skipped = 0
         self._max_pending = max_pending
         self._unflushed: list[tuple[str, Flush]] = []
+        #: One flush at a time: a second one (the test's, or on_stop's) would find
+        #: nothing held while the first is still folding and return before it wrote.
+        self._flushing = asyncio.Lock()
         #: The guard's evidence: (model, canary, stable, since) -> (settled up to, merged).
         self._settled: dict[tuple[str, str, str, float],
                             tuple[float, dict[tuple[str, str], Summary]]] = {}
@@ -224,18 +227,20 @@ class OutputStats(Middleware):
             await self.flush()
 
     async def flush(self) -> None:
-        """Write every delta held; one the store refuses is kept for the next flush."""
+        """Write every delta held when called (after any flush in progress has written
+        its own); one the store refuses is kept for the next flush."""
         if self._ctx is None:
             return
-        todo, self._unflushed = [*self._unflushed, *(await self.take())], []
-        for model, flush in todo:
-            try:
-                await self._ctx.plane.output_stats.flush(model, flush)
-            except BatchfleetError as exc:
-                log.info("output statistics not flushed; kept for the next flush",
-                         model=model, error=str(exc))
-                self._unflushed.append((model, flush))
-        del self._unflushed[:-_KEEP_UNFLUSHED]
+        async with self._flushing:
+            todo, self._unflushed = [*self._unflushed, *(await self.take())], []
+            for model, flush in todo:
+                try:
+                    await self._ctx.plane.output_stats.flush(model, flush)
+                except BatchfleetError as exc:
+                    log.info("output statistics not flushed; kept for the next flush",
+                             model=model, error=str(exc))
+                    self._unflushed.append((model, flush))
+            del self._unflushed[:-_KEEP_UNFLUSHED]
 
     async def _report_loop(self) -> None:
         while True:
