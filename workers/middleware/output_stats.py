@@ -224,7 +224,9 @@ class OutputStats(Middleware):
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self._every_s)
-            await self.flush()
+            # Shielded: the worker cancels this loop before on_stop, and a flush cut off
+            # after it took what was held would lose it; on_stop's flush waits for it.
+            await asyncio.shield(self.flush())
 
     async def flush(self) -> None:
         """Write every delta held when called (after any flush in progress has written
