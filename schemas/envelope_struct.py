@@ -1,10 +1,11 @@
-"""The request envelope as a msgspec struct: the worker's typed decoder of the common path.
+"""Request and result envelopes as msgspec structs: typed decoders of the common paths.
 
 msgspec checks in C what the batch decoder's common path otherwise checks in Python
 (types, integer ranges, finite floats) and builds no dict. Fields whose checks carry
 meaning beyond a type (IDs, names, owners, tensors) are left ``Any`` for the same
 validators as the single-request decoder. Where msgspec is not installed,
-:func:`envelope_decoder` is None and the msgpack path decodes everything.
+:func:`envelope_decoder` and :func:`result_decoder` are None and the msgpack paths
+decode everything.
 """
 
 
@@ -25,7 +26,8 @@ except ImportError:  # pragma: no cover - msgspec is a dependency; a stripped in
 UNSET: Any = msgspec.UNSET if msgspec is not None else object()
 
 
-def _define() -> type[Any] | None:
+@cache
+def _define() -> tuple[type[Any], type[Any]] | None:
     if msgspec is None:  # pragma: no cover
         return None
     big = sys.float_info.max
@@ -64,11 +66,48 @@ def _define() -> type[Any] | None:
         degrade: Any = None
         pipeline: Any = UNSET
 
-    return Envelope
+    class ResultEnvelope(msgspec.Struct, forbid_unknown_fields=True):
+        """A result without an error, named tensors or pipeline steps (the common path);
+        no field is ``Any``, so no map key msgpack would refuse is accepted here."""
+
+        v: int
+        id: str
+        status: str
+        outputs: Tensor | None = None
+        error: None = None
+        model: str = ""
+        model_version: str = ""
+        attempts: int | None = None
+        enqueued_at: float | None = None
+        started_at: finite | None = None
+        finished_at: finite | None = None
+        queue_ms: finite | None = None
+        compute_ms: finite | None = None
+        batch_size: int | None = None
+        generation: int | None = None
+        owner: str | None = None
+        cached: bool | None = None
+        degraded: bool | None = None
+        degraded_reason: str | None = None
+        fallback: str | None = None
+        degraded_error: None = None
+        steps: None = None
+
+    return Envelope, ResultEnvelope
 
 
 @cache
 def envelope_decoder() -> Callable[[bytes], Any] | None:
     """``decode(raw) -> Envelope`` (raises for bytes or fields off the common path)."""
-    struct = _define()
-    return None if struct is None else msgspec.msgpack.Decoder(struct).decode
+    return _decoder(0)
+
+
+@cache
+def result_decoder() -> Callable[[bytes], Any] | None:
+    """``decode(raw) -> ResultEnvelope`` (raises for bytes or fields off the common path)."""
+    return _decoder(1)
+
+
+def _decoder(which: int) -> Callable[[bytes], Any] | None:
+    structs = _define()
+    return None if structs is None else msgspec.msgpack.Decoder(structs[which]).decode

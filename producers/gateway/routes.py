@@ -50,7 +50,7 @@ from batchfleet.producers.gateway.tenancy import (
     refusal,
     replays,
 )
-from batchfleet.schemas.envelopes import Result, decode_result
+from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import (
     RequestNotFoundError,
     ResultStoreError,
@@ -61,6 +61,7 @@ from batchfleet.schemas.errors import (
 from batchfleet.schemas.json_form import result_json_bytes, result_to_json
 from batchfleet.schemas.names import check_model_name, check_request_id
 from batchfleet.schemas.registry import UnregisteredModelError
+from batchfleet.schemas.result_decode import decode_result
 
 API_KEY_HEADER = "X-API-Key"
 IDEMPOTENCY_HEADER = "Idempotency-Key"

@@ -24,13 +24,13 @@ from batchfleet.schemas.tensors import DTYPES
 from batchfleet.workers.intake import Intake, _decode_one, decode_deliveries
 from batchfleet.workers.models.handler import TensorSpec, TorchModuleHandler
 from batchfleet.workers.models.staging import PinnedStaging
+from tests.support.wire_maps import ABSENT, packed_map
 
 pytestmark = pytest.mark.unit
 
 ODD = st.sampled_from([None, True, False, 0, 1, -1, 2**53, 2**64 - 1, 1.5, -0.0,
                        float("nan"), float("inf"), "", "x", "bulk", "interactive", "c-1",
                        "bad name", [], [{}], [1], {}, {1: "x"}, b"bin"])
-ABSENT = object()
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 #: Each field's usual values (ABSENT: usually not sent).
 USUAL: dict[str, st.SearchStrategy[Any]] = {
@@ -81,20 +81,7 @@ def tensors(draw: st.DrawFn) -> Any:
 @st.composite
 def envelopes(draw: st.DrawFn) -> bytes:
     """Mostly valid envelopes; some with a field or two absent or odd, some damaged."""
-    odd = draw(st.sets(st.sampled_from(sorted(USUAL)), max_size=2)) if draw(
-        st.integers(0, 2)) == 0 else set()
-    body = {key: draw(st.one_of(st.just(ABSENT), ODD) if key in odd else usual)
-            for key, usual in USUAL.items()}
-    body["inputs"] = draw(tensors())
-    raw: bytes = msgpack.packb({k: v for k, v in body.items() if v is not ABSENT},
-                               use_bin_type=True)
-    damage = draw(st.integers(0, 15))
-    if damage == 0:
-        raw = raw[:draw(st.integers(0, len(raw) - 1))]
-    elif damage == 1:
-        at = draw(st.integers(0, len(raw) - 1))
-        raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
-    return raw
+    return packed_map(draw, USUAL, ODD, inputs=draw(tensors()))
 
 
 def assert_same_array(a: Any, b: Any) -> None:
