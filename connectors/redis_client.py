@@ -29,6 +29,7 @@ from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import ConnectionError, MaxConnectionsError, RedisError
 
+from batchfleet.connectors.redis_packing import packed_by_hiredis
 from batchfleet.connectors.values import DEFAULT_POOL_TIMEOUT_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -187,6 +188,7 @@ def redis_client(url: str, max_connections: int | None = None,
     options = {**_OPTIONS, "health_check_interval": 30}
     pool = WaitingPool.from_url(url, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                                 timeout=pool_timeout_s, **options)
+    pool.connection_class = packed_by_hiredis(pool.connection_class)
     return aioredis.Redis.from_pool(pool)
 
 

@@ -1,0 +1,63 @@
+"""hiredis packs commands to the same bytes as redis-py, and leaves to redis-py what it
+does not take (so redis-py's own errors are unchanged)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.exceptions import DataError
+
+from batchfleet.connectors.redis_client import redis_client
+from batchfleet.connectors.redis_packing import (
+    LARGE_ARGUMENT_BYTES,
+    hiredis_packs,
+    packed_by_hiredis,
+)
+
+pytestmark = pytest.mark.unit
+
+COMMANDS: list[tuple[Any, ...]] = [
+    ("SET", "k", b"\x00\xff" * 10, 5, 1.5, -0.0, 1e20, float("inf"), "é", ""),
+    (b"EVALSHA", "a" * 40, 2, "bf:result:1", "bf:result:2", 86400, b"meta", b"body"),
+    ("XADD", "s", "*", "p", b"x" * 7000),  # above redis-py's 6,000-byte buffer cutoff
+    ("PING",),
+    ("SET", "k", memoryview(b"v")),
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS)
+def test_hiredis_packs_the_same_bytes_as_redis_py(args: tuple[Any, ...]) -> None:
+    packed = hiredis_packs(args)
+    assert packed is not None
+    assert b"".join(packed) == b"".join(Connection().pack_command(*args))
+    conn = packed_by_hiredis(Connection)()
+    assert conn.pack_command(*args) == packed
+
+
+@pytest.mark.parametrize("args", [
+    ("CONFIG GET", "maxmemory"),  # redis-py splits a command name with a space
+    ("SET", "k", b"v" * (LARGE_ARGUMENT_BYTES + 1)),
+    ("SET", "k", memoryview(b"v" * (LARGE_ARGUMENT_BYTES + 1))),
+    ("SET", "k", bytearray(b"v")),
+])
+def test_what_hiredis_does_not_pack_redis_py_packs_as_before(args: tuple[Any, ...]) -> None:
+    assert hiredis_packs(args) is None
+    conn = packed_by_hiredis(Connection)()
+    assert b"".join(conn.pack_command(*args)) == b"".join(Connection().pack_command(*args))
+
+
+@pytest.mark.parametrize("bad", [True, None])
+def test_values_redis_py_refuses_are_still_refused_by_it(bad: Any) -> None:
+    with pytest.raises(DataError):
+        packed_by_hiredis(Connection)().pack_command("SET", "k", bad)
+
+
+async def test_every_connection_of_a_client_packs_with_hiredis() -> None:
+    for url, base in (("redis://127.0.0.1:1/0", Connection),
+                      ("unix:///tmp/none.sock", UnixDomainSocketConnection)):
+        client = redis_client(url)
+        cls = client.connection_pool.connection_class
+        assert issubclass(cls, base) and cls is packed_by_hiredis(base)
+        await client.aclose()
