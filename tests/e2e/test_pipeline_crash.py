@@ -1,6 +1,6 @@
 """A pipeline's steps spread over two worker processes, one SIGKILLed mid-run: every
-request ends exactly once, and every step is in its ``steps`` list once (Redis here;
-Kafka in tests/e2e/test_pipeline_kafka.py)."""
+request ends exactly once, and every step is in its ``steps`` list once, on Redis and on
+Kafka."""
 
 from __future__ import annotations
 
