@@ -8,7 +8,8 @@ validators as the single-request decoder. Where msgspec is not installed,
 decode everything.
 """
 
-
+# No ``from __future__ import annotations`` here: msgspec reads the structs' annotations,
+# which name types local to :func:`_define`, when each class is made.
 import sys
 from collections.abc import Callable
 from functools import cache
