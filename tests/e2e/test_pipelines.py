@@ -128,15 +128,18 @@ async def test_a_failing_step_fails_only_its_requests_naming_the_step(redis_url:
 async def test_one_deadline_spans_the_steps_and_cancel_stops_the_next_hop(
         redis_url: str) -> None:
     """Step 1 runs at once; step 2's workers start only after the deadline: the caller's
-    result is expired, naming step 2. A cancelled caller's later steps never run."""
+    result is expired, naming step 2. A caller cancelled before its first step ran never
+    gets a later step. (Cancelled while step 1's worker ran, a slow machine let step 1
+    finish and hand on first: a CI run saw it; cancel stops the *next* hop, not one
+    already taken.)"""
     await declare(redis_url, "pd", "slow", "mix,demo-mlp")
     rows = np.random.default_rng(5).random((20, 10), dtype=np.float32)
     async with AsyncClient(redis_url, namespace="pd") as client:
+        cancelled = await client.submit_many("slow", list(rows[10:]))
+        await client.cancel_many(cancelled)
         async with running_worker(redis_url, models=(MODELS[0],), namespace="pd",
                                   max_wait_ms=5, worker_id="first"):
             timed = await client.submit_many("slow", list(rows[:10]), deadline_s=1.0)
-            cancelled = await client.submit_many("slow", list(rows[10:]))
-            await client.cancel_many(cancelled)
             await asyncio.sleep(1.5)  # step 1 done long ago; the deadline has passed
         async with running_worker(redis_url, models=("demo-mlp",), namespace="pd",
                                   max_wait_ms=5, worker_id="second"):
