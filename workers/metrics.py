@@ -9,8 +9,10 @@ seconds from the worker's sampler task. Every name is listed in docs/operations.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from math import isnan
 from typing import Protocol
 
 import numpy as np
@@ -383,6 +385,27 @@ def _ewma(average: float, sample: float) -> float:
 
 
 def _observe_all(child: Histogram, values: list[float]) -> None:
-    observe = child.observe
+    """``child.observe(v)`` for each value, counted per bucket and added once per bucket.
+
+    ``Histogram.observe`` scans the buckets and takes two locks per value (1.5 us; two
+    histograms per request made it a tenth of the worker's CPU outside a small model).
+    This reaches into the child's ``_upper_bounds``, ``_buckets`` and ``_sum``, unchanged
+    in prometheus-client for years, and observes one by one where they are not there.
+    A NaN lands in no bucket and makes the sum NaN, as ``observe`` does.
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            child.observe(value)
+        return
+    counts: dict[int, int] = {}
     for value in values:
-        observe(value)
+        if not isnan(value):  # NaN: no bucket
+            at = bisect_left(bounds, value)  # the first bound >= value, as observe's scan
+            counts[at] = counts.get(at, 0) + 1
+    total.inc(sum(values))
+    for at, n in counts.items():
+        if at < len(buckets):
+            buckets[at].inc(n)
