@@ -29,6 +29,7 @@ Why it looks the way it does:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog
+from batchfleet.connectors.kafka_gaps import GapWatch
 from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
 from batchfleet.connectors.kafka_topics import TOPIC_CHECK_S, TopicWatch, seek_to_start
@@ -123,6 +125,7 @@ class KafkaConsumer:
         self._paused: set[str] = set()
         self._commit_lock = asyncio.Lock()
         self._watch = LossWatch(self._group)
+        self._gaps = GapWatch()
         #: Lanes whose log was lost, not yet recorded (the worker's heartbeat drains it).
         self.lane_losses = self._watch.lane_losses
         self._owned: set[TopicPartition] = set()  # the last assignment
@@ -196,6 +199,7 @@ class KafkaConsumer:
         for tp in lost:
             self._watch.lost(tp, self._topics[tp.topic], None)
             self._parts[tp] = _Partition()
+            self._gaps.forget(tp)
         if lost:
             self._watch.warn((":".join(self._topics[tp.topic]) for tp in lost),
                              "log end went back")
@@ -207,6 +211,7 @@ class KafkaConsumer:
         self._watch.topic_lost((tp for tp in self._watch.known() if tp.topic in gone), lanes)
         for tp in (mine := [tp for tp in self._parts if tp.topic in gone]):
             self._parts[tp] = _Partition()
+            self._gaps.forget(tp)
         if mine:
             await seek_to_start(self._require(), mine)
         self._watch.warn((":".join(lane) for lane in lanes), "topic gone; created again")
@@ -234,6 +239,12 @@ class KafkaConsumer:
                 continue
             model, lane = self._topics[tp.topic]
             part = self._parts.setdefault(tp, _Partition())
+            keep, read_again = self._gaps.check(tp, [r.offset for r in records],
+                                                part.next_offset, time.monotonic())
+            if read_again is not None:  # offsets skipped forward: connectors/kafka_gaps.py
+                self._require().seek(tp, read_again)
+                if not (records := records[:keep]):
+                    continue
             if self._watch.fetched(tp, records, first_in_assignment=part.committed is None,
                                    next_offset=part.next_offset):
                 self._watch.lost(tp, (model, lane), records)
@@ -320,6 +331,8 @@ class KafkaConsumer:
         #: Positions not yet compared with the log end (once per assignment).
         self._unchecked = set(assigned)
         self._parts = {tp: _Partition() for tp in assigned}
+        for tp in assigned:
+            self._gaps.forget(tp)
         self._interactive = sorted(
             (tp for tp in assigned if self._topics.get(tp.topic, ("", ""))[1] == LANE_INTERACTIVE),
             key=lambda tp: (tp.topic, tp.partition),
