@@ -242,6 +242,7 @@ class Worker(DefaultViews):
             while not self.stopping.is_set():
                 # a middleware (an open breaker) may pause some models' lanes, or all of them
                 if await self.hooks.sync_pauses(consumer, models):
+                    await self._poll_paused(consumer)
                     await asyncio.sleep(self.hooks.pause_s())
                     continue
                 room = capacity - len(self.batcher)
@@ -265,6 +266,19 @@ class Worker(DefaultViews):
         finally:
             self._fetch_done.set()
             self.batcher.wake()
+
+    async def _poll_paused(self, consumer: Consumer) -> None:
+        """Poll while every lane is paused (they hand out nothing): a Kafka member that
+        stops polling for ``max_poll_interval_ms`` (5 min) leaves its group, and an
+        operator's pause or a long store outage lasts that long. A failure is the outage
+        the pause already reports, so it is not reported again."""
+        try:
+            deliveries = await consumer.fetch(1, 0.0)
+        except (TransportError, BatchfleetError) as exc:
+            log.debug("poll while paused failed", error=str(exc))
+            return
+        if deliveries:
+            await self._accept(deliveries)
 
     async def _accept(self, deliveries: Sequence[Delivery]) -> None:
         held = self.hooks.after_fetch(deliveries)
