@@ -13,7 +13,8 @@ created again where the broker said it does not know them (a send that only time
 re-creates its topic just when the cluster's metadata lacks it: re-creating an existing
 topic resets its log on Tansu). From the second try each goes to another partition of
 its topic, so one partition without a leader (or one a broker cannot write) does not
-fail the publish. Nothing relies on a request's partition: the key only spreads load.
+fail the publish. Nothing relies on a request's partition: the key only spreads load,
+hashed here with ``zlib.crc32`` (aiokafka's default partitioner is pure Python).
 A repeat that had in fact landed is a duplicate message, which the result store absorbs
 (first terminal result wins).
 """
@@ -171,21 +172,21 @@ class KafkaPublisher:
 
     async def _send(self, todo: Sequence[tuple[str, OutboundMessage]], attempt: int
                     ) -> list[tuple[tuple[str, OutboundMessage], BaseException]]:
-        """Send every message; returns those the broker refused, with why. From the
-        second attempt on, each goes to another partition than the key's."""
+        """Send every message; returns those the broker refused, with why. Each goes to
+        a partition picked here by ``crc32`` of its key (C, ~0.1 us) rather than by
+        aiokafka's pure-Python ``murmur2`` (~6 us a message); from the second attempt
+        on, to another partition than the first attempt's."""
         sent: list[Any] = []  # a future, or the error send() itself raised
         spreads: dict[str, list[int]] = {}  # partitions per topic, looked up once per attempt
         for topic, m in todo:
             try:
-                partition = None
-                if attempt:
-                    spread = spreads.get(topic)
-                    if spread is None:
-                        spread = spreads[topic] = sorted(
-                            await self._producer.partitions_for(topic))
-                    partition = spread[(zlib.crc32(m.key.encode()) + attempt) % len(spread)]
+                spread = spreads.get(topic)
+                if spread is None:
+                    spread = spreads[topic] = sorted(await self._producer.partitions_for(topic))
+                key = m.key.encode()
                 sent.append(await self._producer.send(
-                    topic, value=m.payload, key=m.key.encode(), partition=partition,
+                    topic, value=m.payload, key=key,
+                    partition=spread[(zlib.crc32(key) + attempt) % len(spread)],
                     headers=carrier_headers(m.traceparent)))
             except KafkaError as exc:  # no metadata for the topic in time, say
                 sent.append(exc)
