@@ -242,7 +242,10 @@ class KafkaConsumer:
             keep, read_again = self._gaps.check(tp, [r.offset for r in records],
                                                 part.next_offset, time.monotonic())
             if read_again is not None:  # offsets skipped forward: connectors/kafka_gaps.py
-                self._require().seek(tp, read_again)
+                try:
+                    self._require().seek(tp, read_again)
+                except IllegalStateError:
+                    continue  # no longer ours: its new owner reads from the last commit
                 if not (records := records[:keep]):
                     continue
             if self._watch.fetched(tp, records, first_in_assignment=part.committed is None,
