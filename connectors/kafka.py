@@ -16,14 +16,17 @@ Why it looks the way it does:
   ``end_offsets`` can be low); ``end_offsets`` is only asked where that is
   missing or stale (never fetched yet, or paused).
 * Pausing is per model (its breaker opened): only that model's partitions are
-  paused. While every one is paused, ``fetch`` keeps polling all the same: a member
-  that stops polling for ``max_poll_interval_ms`` (5 min) is dropped from the group.
+  paused. While every one is paused, the worker keeps calling ``fetch`` all the same
+  (``Worker._poll_paused``): a member that stops polling for ``max_poll_interval_ms``
+  (5 min) is dropped from the group.
 * Lost logs (``connectors.kafka_loss``): a partition whose log went back (a broker
   restarted empty, a truncation, a recreated topic) starts a new epoch, part of each
   delivery token, so old acks never commit into the new log; its lane's loss is noted
   in :attr:`KafkaConsumer.lane_losses` for the heartbeat to record, as on Redis, and a
   topic gone from the broker is created again (``connectors.kafka_topics``, a background
   task: whole-cluster metadata is never read inside ``fetch``).
+* Skipped offsets (``connectors.kafka_gaps``): a fetch whose offsets jump forward has
+  left records out (our topics are contiguous); the hole is read again, not passed.
 """
 
 from __future__ import annotations
