@@ -74,7 +74,10 @@ PRIORITIES = {"interactive": LANE_INTERACTIVE, "high": LANE_INTERACTIVE,
 SUBMIT_CHUNK = 1000
 #: Sends start at most this often (``producers.coalescing``): at thousands of lone
 #: ``submit()`` calls a second, each send then carries several, for at most this delay.
-SUBMIT_LINGER_S = 0.0005
+#: 2 ms, not 0.5: one submit() per Poisson arrival at 2,000-4,000/s cost the client
+#: 158-224 us of CPU a request against 127-168 us, for 0.5 ms more at the median and
+#: the same p99 (docs/performance.md, "What changed in issue 31").
+SUBMIT_LINGER_S = 0.002
 #: Models whose registry answer is cached at once; past it the cache starts over.
 _MAX_CACHED_MODELS = 1024
 #: Encoding templates kept at once (one per model and set of submit options).
