@@ -36,6 +36,7 @@ from batchfleet.workers.containment import Containment
 from batchfleet.workers.context import WorkerContext
 from batchfleet.workers.device import resolve_device
 from batchfleet.workers.failures import FailurePolicy
+from batchfleet.workers.heap import freeze_long_lived
 from batchfleet.workers.jobs import Answer, Job
 from batchfleet.workers.middleware import Batch, BatchKey, Chain, Middleware
 from batchfleet.workers.middleware.defaults import DefaultViews, default_middleware
@@ -99,11 +100,15 @@ class Worker(DefaultViews):
         # a slow store pushes back; an unexpected error stops the worker (redelivery heals)
         self._completions = aio.BoundedTasks(s.max_pending_writes, self._completion_crashed)
         self._crashed: BaseException | None = None
+        #: Set by :meth:`run`: the process is the worker's alone, so its heap may be frozen
+        #: at ready (``workers.heap``); a worker run inside a test or an app leaves it be.
+        self._owns_process = False
 
     # --- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT, then drain gracefully (production entry point)."""
+        self._owns_process = True
         aio.run_until_signalled(self.async_run, self.request_stop)
         leave_wedged_forward_behind(exit_code=self.exit_code)
         if self.exit_code:
@@ -140,10 +145,13 @@ class Worker(DefaultViews):
                 log.info("stopped during start-up", worker=s.worker_id)
                 return
             await self.hooks.on_ready(ctx, warm)
+            # a process of its own: freeze its heap before the first fetch (workers/heap.py)
+            frozen = freeze_long_lived() if self._owns_process else 0
             log.info("worker ready", worker=s.worker_id, models=list(self.handlers),
                      device=str(self.compute.device), broker=s.broker.kind,
                      warmup_s={k: round(v, 3) for k, v in warm.items()},
-                     max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms)
+                     max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
+                     frozen_objects=frozen)
             await self._run_loops()
         finally:
             try:

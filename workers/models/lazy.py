@@ -15,7 +15,6 @@ at once; only one such build is in memory at a time.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import torch
 from batchfleet.schemas.errors import ModelNotLoadedError
 from batchfleet.schemas.tensor_spec import TensorSpec
 from batchfleet.schemas.tensors import Tensors
+from batchfleet.workers.heap import collect_everything
 from batchfleet.workers.models.handler import ModelHandler, preprocess_on_device
 
 
@@ -62,7 +62,7 @@ class ResidentHandler:
         self.estimate_mb = module_memory_mb(first)
         self._inner: ModelHandler | None = first if keep else None
         del first
-        gc.collect()
+        collect_everything()
 
     def _versioned(self, handler: ModelHandler) -> str:
         return f"{self.tag}/{handler.version}" if self.tag else handler.version
@@ -130,7 +130,7 @@ class ResidentHandler:
     def detach(self) -> None:
         """On the compute thread, with no batch of this version in flight: let it go."""
         self._inner = None
-        gc.collect()
+        collect_everything()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
