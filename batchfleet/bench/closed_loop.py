@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from batchfleet.bench.procstat import CpuMeter, CpuSnapshot
-from batchfleet.bench.samples import Sample, in_window, sample_of
+from batchfleet.bench.samples import Row, Sample, in_window, row_of
 from batchfleet.producers import AsyncClient
 
 WAIT_TIMEOUT_S = 120.0
@@ -68,13 +68,14 @@ class Budget:
 async def closed_lanes(
     client: AsyncClient, model: str, inputs: np.ndarray[Any, Any], *, chunk: int,
     lanes: Sequence[int], total_lanes: int, stop_at: float, budget: Budget,
-) -> tuple[list[Sample], int]:
-    """Run ``lanes`` (indices out of ``total_lanes``) until wall time ``stop_at``.
+) -> tuple[list[Row], int]:
+    """Run ``lanes`` (indices out of ``total_lanes``) until wall time ``stop_at``; returns
+    each answer's row (``samples.Row``) and how many requests were submitted.
 
     Each lane submits a chunk with ``submit_many`` and waits for all of it before the
     next; lanes start at different offsets of ``inputs`` so they do not send the same rows.
     """
-    samples: list[Sample] = []
+    answered: list[Row] = []
     submitted = 0
     stages = client.record_stages()
 
@@ -91,10 +92,10 @@ async def closed_lanes(
             ids = await client.submit_many(model, rows)
             submitted += n
             async for res in client.as_completed(ids, WAIT_TIMEOUT_S):
-                samples.append(sample_of(res, sent, time.time(), stages))
+                answered.append(row_of(res, sent, time.time(), stages))
 
     await asyncio.gather(*(lane(i) for i in lanes))
-    return samples, submitted
+    return answered, submitted
 
 
 async def closed_loop(
@@ -114,7 +115,7 @@ async def closed_loop(
         got, sent = await closed_lanes(client, model, inputs, chunk=chunk, lanes=range(lanes),
                                        total_lanes=lanes, stop_at=stop_at,
                                        budget=Budget(max_requests))
-        samples.extend(got)
+        samples.extend(Sample(*row) for row in got)
         counts.append(sent)
 
     async def measure(work: asyncio.Future[Any]) -> None:

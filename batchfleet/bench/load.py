@@ -24,6 +24,7 @@ from batchfleet.bench.crew import Crew, member_loop, sleep_until
 from batchfleet.bench.open_loop import OpenLoopRun, offer, poisson_arrivals
 from batchfleet.bench.procstat import CpuMeter
 from batchfleet.bench.samples import Sample, in_window
+from batchfleet.workers.heap import freeze_long_lived
 
 #: Default producer processes: enough that one client process is never the bottleneck on
 #: small machines, few enough not to crowd the worker off two cores.
@@ -81,6 +82,10 @@ async def _serve(conn: Connection, setup: _Setup) -> None:
                 await start_at()
                 ids = await client.submit_many(setup.model, setup.inputs[: command.rows])
                 await client.wait_many(ids, _WARMUP_TIMEOUT_S)
+                # As a latency-minded caller would (docs/performance.md, "Garbage
+                # collection"): the import heap out of the full collections, whose
+                # 30-90 ms pauses were most of this process's lag behind its schedule.
+                freeze_long_lived()
                 return None
             if isinstance(command, _Closed):
                 return await _closed(client, setup, command, await start_at())
@@ -88,7 +93,7 @@ async def _serve(conn: Connection, setup: _Setup) -> None:
                 got = await offer(client, setup.model, setup.inputs, command.offsets,
                                   start_at=start_at, coalesce=command.coalesce,
                                   input_offset=command.input_offset)
-                return {"rows": [s.as_row() for s in got.samples], "arrivals": got.arrivals,
+                return {"rows": got.rows, "arrivals": got.arrivals,
                         "start_lag_ms": got.start_lag_ms, "submit_ms": got.submit_ms,
                         "cpu_s": got.cpu_s}
             raise TypeError(f"unknown producer command {command!r}")
@@ -110,13 +115,13 @@ async def _closed(client: Any, setup: _Setup, cmd: _Closed, t0: float) -> dict[s
         marks.append((time.time(), time.process_time()))
 
     marker = asyncio.create_task(mark())
-    samples, submitted = await closed_lanes(
+    rows, submitted = await closed_lanes(
         client, setup.model, setup.inputs, chunk=cmd.chunk, lanes=cmd.lanes,
         total_lanes=cmd.total_lanes, stop_at=stop_at, budget=Budget(cmd.max_requests))
     if not marker.done():  # the request cap ran the lanes dry early: window ends now
         marker.cancel()
         marks.append((time.time(), time.process_time()))
-    return {"rows": [s.as_row() for s in samples], "submitted": submitted, "marks": marks}
+    return {"rows": rows, "submitted": submitted, "marks": marks}
 
 
 def _split(total: int | None, n: int) -> list[int | None]:

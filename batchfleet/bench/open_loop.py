@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from batchfleet.bench.procstat import CpuMeter, CpuSnapshot
-from batchfleet.bench.samples import Sample, sample_of
+from batchfleet.bench.samples import Row, Sample, row_of
 from batchfleet.producers import AsyncClient
 from batchfleet.producers.client import new_request_id
 
@@ -72,14 +72,40 @@ class OpenLoopRun:
 
 @dataclass(frozen=True, slots=True)
 class Offered:
-    """What one load generator saw: its samples, lags, submit times and its own CPU."""
+    """What one load generator saw: its answers' rows (``samples.Row``), lags, submit times
+    and its own CPU."""
 
-    samples: list[Sample]
+    rows: list[Row]
     arrivals: int
     t0: float
     start_lag_ms: list[float]
     submit_ms: list[float]
     cpu_s: float
+
+
+class _InFlight:
+    """The submit tasks still running. A finished one is let go at once (a phase makes
+    tens of thousands, and keeping them made every full collection walk them all); the
+    first failure is kept and raised once every submit has ended."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and self._failure is None:
+            self._failure = task.exception()
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks)
+        if self._failure is not None:
+            raise self._failure
 
 
 async def offer(
@@ -97,7 +123,7 @@ async def offer(
     """
     ids = [new_request_id() for _ in offsets]
     scheduled: dict[str, float] = {}
-    samples: list[Sample] = []
+    rows: list[Row] = []
     start_lag: list[float] = []
     submit_ms: list[float] = []
     duration_s = float(offsets[-1]) if len(offsets) else 0.0
@@ -105,7 +131,7 @@ async def offer(
 
     async def collect() -> None:
         async for res in client.as_completed(ids, duration_s + _DRAIN_TIMEOUT_S):
-            samples.append(sample_of(res, scheduled[res.request_id], time.time(), stages))
+            rows.append(row_of(res, scheduled[res.request_id], time.time(), stages))
 
     slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
 
@@ -128,7 +154,7 @@ async def offer(
     t0 = await start_at()
     await asyncio.sleep(max(0.0, t0 - time.time()))
     cpu0 = time.process_time()
-    submits: list[asyncio.Task[None]] = []
+    submits = _InFlight()
     due_at = [t0 + float(offset) for offset in offsets]
     i = 0
     while i < len(ids):
@@ -141,11 +167,15 @@ async def offer(
             group.append(i + len(group))
         for j in group:
             scheduled[ids[j]] = due_at[j]
-        submits.append(asyncio.create_task(submit(group, [due_at[j] for j in group])))
+        submits.start(submit(group, [due_at[j] for j in group]))
         i += len(group)
-    await asyncio.gather(*submits)
+    try:
+        await submits.wait()
+    except BaseException:
+        collector.cancel()
+        raise
     await collector
-    return Offered(samples, len(ids), t0, start_lag, submit_ms, time.process_time() - cpu0)
+    return Offered(rows, len(ids), t0, start_lag, submit_ms, time.process_time() - cpu0)
 
 
 async def open_loop(
@@ -164,7 +194,8 @@ async def open_loop(
 
     got = await offer(client, model, inputs, offsets, start_at=start_at, coalesce=coalesce)
     read = meter.snapshot(time.time())
-    last = replace(read, wall=max((s.done for s in got.samples), default=read.wall))
-    return OpenLoopRun(rate, got.samples, got.arrivals, last.wall - got.t0, got.start_lag_ms,
+    samples = [Sample(*row) for row in got.rows]
+    last = replace(read, wall=max((s.done for s in samples), default=read.wall))
+    return OpenLoopRun(rate, samples, got.arrivals, last.wall - got.t0, got.start_lag_ms,
                        got.submit_ms, CpuMeter.usage(snaps[0], last), got.cpu_s,
                        meter.thread_split(snaps[0], read, "worker"))

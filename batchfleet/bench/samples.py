@@ -53,21 +53,33 @@ class Sample:
             return math.nan
         return (self.finished_at - self.enqueued_at) * 1000.0
 
-    def as_row(self) -> tuple[float, float, str, float, float, int, float, float, float,
-                              float]:
+    def as_row(self) -> Row:
         """A plain tuple: cheap to pickle back from a producer process."""
         return (self.sent, self.done, self.status, self.queue_ms, self.compute_ms,
                 self.batch_size, self.enqueued_at, self.finished_at, self.received_at,
                 self.delivered_at)
 
 
-def sample_of(result: Result, sent: float, done: float,
-              stages: StageStamps | None = None) -> Sample:
+#: A sample as a plain tuple (``Sample.as_row``'s fields). The load generators keep rows,
+#: not ``Sample`` objects, while a phase runs: CPython's collector stops tracking a tuple
+#: of numbers and strings, so 100,000 rows add nothing to the full collections a
+#: producer makes, where 100,000 dataclass instances made each one walk them all
+#: (docs/performance.md, "Garbage collection").
+Row = tuple[float, float, str, float, float, int, float, float, float, float]
+
+
+def row_of(result: Result, sent: float, done: float,
+           stages: StageStamps | None = None) -> Row:
     stamps = stages.pop(result.request_id) if stages is not None else None
     received, delivered = stamps or (0.0, 0.0)
-    return Sample(sent, done, result.status, result.queue_ms or 0.0, result.compute_ms or 0.0,
-                  result.batch_size or 0, result.enqueued_at or 0.0, result.finished_at or 0.0,
-                  received, delivered)
+    return (sent, done, result.status, result.queue_ms or 0.0, result.compute_ms or 0.0,
+            result.batch_size or 0, result.enqueued_at or 0.0, result.finished_at or 0.0,
+            received, delivered)
+
+
+def sample_of(result: Result, sent: float, done: float,
+              stages: StageStamps | None = None) -> Sample:
+    return Sample(*row_of(result, sent, done, stages))
 
 
 #: The stages between the worker's terminal write and the caller (``client_stages``).

@@ -37,11 +37,11 @@ async def _offer(redis_url: str, namespace: str, rate: float, seconds: float,
 
         cpu0 = time.process_time()
         got = await offer(client, "demo-mlp", inputs, offsets, start_at=start_at)
-        cpu_us = (time.process_time() - cpu0) / max(1, len(got.samples)) * 1e6
-    latency = np.array([s.done - s.sent for s in got.samples]) * 1000.0
+        cpu_us = (time.process_time() - cpu0) / max(1, len(got.rows)) * 1e6
+    latency = np.array([row[1] - row[0] for row in got.rows]) * 1000.0
     p50, p99 = np.percentile(latency, [50, 99])
     lag99 = float(np.percentile(got.start_lag_ms, 99))
-    return (f"linger {linger_s * 1000:.1f} ms: {len(got.samples)}/{got.arrivals} answered, "
+    return (f"linger {linger_s * 1000:.1f} ms: {len(got.rows)}/{got.arrivals} answered, "
             f"client CPU {cpu_us:.1f} us/request, caller p50 {p50:.2f} / p99 {p99:.2f} ms, "
             f"client lag p99 {lag99:.1f} ms")
 
