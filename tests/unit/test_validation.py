@@ -99,3 +99,13 @@ def test_an_empty_notify_means_no_announcement_as_the_wire_format_says() -> None
     good = msgpack.unpackb(encode_request(Request("r1", "demo-mlp", np.zeros(10, np.float32))))
     assert decode_request(msgpack.packb({**good, "notify": ""})).notify is None
     assert decode_request(msgpack.packb({**good, "notify": "c0ffee"})).notify == "c0ffee"
+
+
+def test_the_sdks_request_ids_are_32_random_hex_characters_that_pass_the_grammar() -> None:
+    from batchfleet.producers.client import new_request_id
+
+    ids = {new_request_id() for _ in range(10_000)}
+    assert len(ids) == 10_000  # 128 random bits: no repeat in practice
+    for rid in list(ids)[:100]:
+        assert len(rid) == 32 and int(rid, 16) >= 0
+        assert check_request_id(rid) == rid
