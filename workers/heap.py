@@ -3,9 +3,9 @@
 A ready worker holds torch, its models and its libraries: some 220,000 objects that are
 never garbage. CPython's full collection walks every one of them once enough younger
 objects have survived two collections, and at load every in-flight request does. On the
-2-core bench machine a full collection ran every two seconds or so and stopped the
-event loop and the compute thread for 85-110 ms each time (docs/performance.md, "Garbage
-collection"): the fleet's p99 was those pauses.
+2-core bench machine a full collection ran every two to three seconds and stopped the
+event loop and the compute thread for about 100 ms each time (docs/performance.md,
+"Garbage collection"); frozen, they take 1-3 ms.
 
 ``gc.freeze()`` once the worker is ready moves the objects alive then into the
 permanent generation, which no collection visits; everything made later is collected
