@@ -84,7 +84,8 @@ async def _serve(conn: Connection, setup: _Setup) -> None:
                 await client.wait_many(ids, _WARMUP_TIMEOUT_S)
                 # As a latency-minded caller would (docs/performance.md, "Garbage
                 # collection"): the import heap out of the full collections, whose
-                # 30-90 ms pauses were most of this process's lag behind its schedule.
+                # 30-90 ms pauses were most of this process's lag behind its schedule,
+                # and fewer young collections.
                 freeze_long_lived()
                 return None
             if isinstance(command, _Closed):
