@@ -282,7 +282,7 @@ class Worker(DefaultViews):
         the pause already reports, so it is not reported again."""
         try:
             deliveries = await consumer.fetch(1, 0.0)
-        except (TransportError, BatchfleetError) as exc:
+        except BatchfleetError as exc:  # TransportError included
             log.debug("poll while paused failed", error=str(exc))
             return
         if deliveries:
