@@ -14,6 +14,7 @@ on the two-call path. Redis runs a script atomically and, once it has written, p
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,19 +28,24 @@ from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import shard_for
 
 #: KEYS: the N result keys, then the streams. ARGV[1] the TTL, ARGV[2] the MAXLEN (0:
-#: none), ARGV[3] msgpack of (owner, fingerprint, notify, stream index) per request, then
+#: none), ARGV[3] msgpack of the distinct (owner, fingerprint, notify, stream index)
+#: tuples, ARGV[4] each request's 1-based index into them (two bytes, big-endian), then
 #: N pending bodies and N request payloads (field 'p', as ``RedisStreamsPublisher``).
+#: The tuples go once each, not once per request: unpacking a tuple per request cost
+#: Redis more than the XADD (a chunk of one client's requests has one tuple).
 _SUBMIT = PUT_PENDING_FN + """
 local ttl, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
-local meta = cmsgpack.unpack(ARGV[3])
-local n = #meta
+local kinds, codes = cmsgpack.unpack(ARGV[3]), ARGV[4]
+local n = #codes / 2
 local out, created = {}, {}
 for i = 1, n do
-  local state = put_pending(KEYS[i], ttl, meta[i], ARGV[3 + i])
+  local hi, lo = string.byte(codes, 2 * i - 1, 2 * i)
+  local meta = kinds[hi * 256 + lo]
+  local state = put_pending(KEYS[i], ttl, meta, ARGV[4 + i])
   out[i] = state
   if state == 0 then created[#created + 1] = KEYS[i] end
   if state <= 1 then
-    local stream, payload = KEYS[n + meta[i][4]], ARGV[3 + n + i]
+    local stream, payload = KEYS[n + meta[4]], ARGV[4 + n + i]
     local added
     if maxlen > 0 then
       added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'p', payload)
@@ -56,6 +62,10 @@ return out
 """
 
 
+#: Requests per script call at most: each one's tuple index is two bytes.
+_MAX_PER_CALL = 65_535
+
+
 class OneTripSubmit:
     """Records and publishes a chunk of requests in one script call (one node only)."""
 
@@ -70,15 +80,23 @@ class OneTripSubmit:
         """``records``, ``owners`` and ``messages`` are parallel: one of each per request.
         Publishes the requests whose state is NEW or PENDING, exactly as the two-call
         path does; raises ``TransportError`` with nothing recorded if any XADD fails."""
+        if len(records) > _MAX_PER_CALL:  # two bytes index the tuples
+            return [state for start in range(0, len(records), _MAX_PER_CALL)
+                    for state in await self.submit(records[start:start + _MAX_PER_CALL],
+                                                   owners[start:start + _MAX_PER_CALL],
+                                                   messages[start:start + _MAX_PER_CALL])]
         names = self._names
         streams: dict[str, int] = {}
-        meta: list[tuple[str, str, str, int]] = []
+        kinds: dict[tuple[str, str, str, int], int] = {}
+        numbers: list[int] = []
         for o, msg in zip(owners, messages, strict=True):
             stream = names.stream(msg.model, msg.lane, shard_for(msg.key, msg.shards))
             index = streams.setdefault(stream, len(streams) + 1)
-            meta.append((o.owner or "", o.fingerprint or "", o.notify or "", index))
+            kind = (o.owner or "", o.fingerprint or "", o.notify or "", index)
+            numbers.append(kinds.setdefault(kind, len(kinds) + 1))
         keys = [names.result(rid) for rid, _ in records]
-        args: list[Any] = [self._store.ttl_s, self._max_len, msgpack.packb(meta)]
+        args: list[Any] = [self._store.ttl_s, self._max_len, msgpack.packb(list(kinds)),
+                           struct.pack(f">{len(numbers)}H", *numbers)]
         args.extend(body for _, body in records)
         args.extend(msg.payload for msg in messages)
         with wrap_errors(TransportError, "cannot submit to Redis"):

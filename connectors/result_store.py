@@ -19,7 +19,8 @@ quota slot (connectors/quotas.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -53,10 +54,20 @@ PUT_PENDING_FN = """
 local function put_pending(key, ttl, meta, body)
   local owner, fp, notify = meta[1], meta[2], meta[3]
   if redis.call('HSETNX', key, 'status', 'pending') == 1 then
-    redis.call('HSET', key, 'gen', 0, 'body', body)
-    if owner ~= '' then redis.call('HSET', key, 'owner', owner) end
-    if notify and notify ~= '' then redis.call('HSET', key, 'notify', notify) end
-    if fp ~= '' then redis.call('HSET', key, 'fp', fp) end
+    -- one HSET for every field: a redis.call costs Redis about as much as the write itself
+    if owner == '' and fp == '' then  -- the SDK's own IDs: no table to build
+      if notify and notify ~= '' then
+        redis.call('HSET', key, 'gen', 0, 'body', body, 'notify', notify)
+      else
+        redis.call('HSET', key, 'gen', 0, 'body', body)
+      end
+    else
+      local f = {'gen', 0, 'body', body}
+      if owner ~= '' then f[#f + 1] = 'owner'; f[#f + 1] = owner end
+      if notify and notify ~= '' then f[#f + 1] = 'notify'; f[#f + 1] = notify end
+      if fp ~= '' then f[#f + 1] = 'fp'; f[#f + 1] = fp end
+      redis.call('HSET', key, unpack(f))
+    end
     redis.call('EXPIRE', key, ttl)
     return 0
   elseif fp ~= '' and (redis.call('HGET', key, 'fp') or fp) ~= fp then
@@ -77,11 +88,19 @@ for i, key in ipairs(KEYS) do out[i] = put_pending(key, ttl, meta[i], ARGV[i + 2
 return out
 """
 
-#: ARGV[3] is the in-flight key prefix: a won write frees the owner's quota slot
-#: (connectors/quotas.py), so workers need not know about quotas. Each client channel
-#: gets one message per format its requests asked for (docs/wire-format.md §8): a
-#: msgpack array alternating request ID and result body (``notify_format`` results), or
-#: the IDs comma-joined (every other request: what clients before one-hop delivery read).
+#: ARGV[1] the TTL; ARGV[2] msgpack of [kinds, channels]: the distinct (status, channel
+#: index, gen, pairs wanted) tuples and the channel names (index 0: no channel); ARGV[3]
+#: each write's 1-based index into the kinds (two bytes, big-endian); ARGV[4] the in-flight
+#: key prefix (a won write frees the owner's quota slot, connectors/quotas.py, so workers
+#: need not know about quotas); ARGV[5] the length of the result keys' prefix (the request
+#: ID is the rest of its key); then the N bodies; then per channel, the announcement of
+#: its ``notify_format`` results as the caller built it (or ''), sent as is when every
+#: write in it won. Each client channel gets one message per format its requests asked
+#: for (docs/wire-format.md §8): a msgpack array alternating request ID and result body,
+#: or the IDs comma-joined (every other request: what clients before one-hop delivery
+#: read). Building the array here, and unpacking a tuple per write, cost Redis more than
+#: the writes; the caller's msgpack does both in C. A write that lost is left out of its
+#: channel's message, which is then rebuilt from the winners (rare: a redelivery).
 _WRITE_TERMINAL = """
 -- msgpack headers by hand: cmsgpack would send bodies as str, not bin
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
@@ -97,41 +116,58 @@ local function array_h(n) if n < 16 then return string.char(0x90 + n) end
   return string.char(0xdd) .. u32(n) end
 local ttl = tonumber(ARGV[1])
 local meta = cmsgpack.unpack(ARGV[2])
-local inflight = ARGV[3]
+local kinds, channels = meta[1], meta[2]
+local codes, inflight, plen = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local n = #KEYS
+local function kind_of(i)
+  local hi, lo = string.byte(codes, 2 * i - 1, 2 * i)
+  return kinds[hi * 256 + lo]
+end
 local out = {}
-local channels = {}
+local lost = {}
 local id_lists = {}
 for i, key in ipairs(KEYS) do
-  local m = meta[i]
-  local rid, status, channel, gen, body = m[1], m[2], m[3], m[4], ARGV[i + 3]
-  local pairs_wanted = m[5] == 1
+  local kind = kind_of(i)
+  local status, ci, gen = kind[1], kind[2], kind[3]
   local cur = redis.call('HMGET', key, 'status', 'gen', 'owner')
   local cur_gen = tonumber(cur[2]) or 0
   if (not cur[1] or cur[1] == 'pending') and gen >= cur_gen then
-    redis.call('HSET', key, 'status', status, 'gen', gen, 'body', body)
+    redis.call('HSET', key, 'status', status, 'gen', gen, 'body', ARGV[5 + i])
     redis.call('EXPIRE', key, ttl)
-    if cur[3] then redis.call('ZREM', inflight .. cur[3], rid) end
+    if cur[3] then redis.call('ZREM', inflight .. cur[3], string.sub(key, plen + 1)) end
     out[i] = 1
-    if channel ~= '' and not pairs_wanted then
-      local ids = id_lists[channel]
-      if not ids then ids = {}; id_lists[channel] = ids end
-      ids[#ids + 1] = rid
-    elseif channel ~= '' then
-      local parts = channels[channel]
-      if not parts then parts = {}; channels[channel] = parts end
-      parts[#parts + 1] = str_h(#rid) .. rid
-      parts[#parts + 1] = bin_h(#body)
-      parts[#parts + 1] = body
+    if ci > 0 and kind[4] ~= 1 then
+      local ids = id_lists[ci]
+      if not ids then ids = {}; id_lists[ci] = ids end
+      ids[#ids + 1] = string.sub(key, plen + 1)
     end
   else
     out[i] = 0
+    if ci > 0 and kind[4] == 1 then lost[ci] = true end
   end
 end
-for channel, parts in pairs(channels) do
-  redis.call('PUBLISH', channel, array_h(#parts / 3 * 2) .. table.concat(parts))
+for ci, channel in ipairs(channels) do
+  local built = ARGV[5 + n + ci]
+  if built ~= '' and not lost[ci] then
+    redis.call('PUBLISH', channel, built)
+  elseif built ~= '' then
+    local parts = {}
+    for i, key in ipairs(KEYS) do
+      local kind = kind_of(i)
+      if out[i] == 1 and kind[2] == ci and kind[4] == 1 then
+        local rid, body = string.sub(key, plen + 1), ARGV[5 + i]
+        parts[#parts + 1] = str_h(#rid) .. rid
+        parts[#parts + 1] = bin_h(#body)
+        parts[#parts + 1] = body
+      end
+    end
+    if #parts > 0 then
+      redis.call('PUBLISH', channel, array_h(#parts / 3 * 2) .. table.concat(parts))
+    end
+  end
 end
-for channel, ids in pairs(id_lists) do
-  redis.call('PUBLISH', channel, table.concat(ids, ','))
+for ci, ids in pairs(id_lists) do
+  redis.call('PUBLISH', channels[ci], table.concat(ids, ','))
 end
 return out
 """
@@ -263,6 +299,33 @@ return n
 """
 
 
+#: Writes per script call at most: each one's kind index is two bytes.
+_MAX_WRITES = 65_535
+
+
+def terminal_meta(writes: Sequence[TerminalWrite], channel_of: Callable[[str], str]
+                  ) -> tuple[dict[tuple[str, int, int, int], int], list[str], bytes,
+                             list[bytes]]:
+    """``_WRITE_TERMINAL``'s arguments beside the keys and bodies: the distinct (status,
+    channel index, generation, pairs wanted) kinds, numbered from 1; the channel names,
+    in index order; each write's kind number (two bytes); and per channel, the message
+    announcing its ``notify_format`` results, or b"" where none asked for them."""
+    kinds: dict[tuple[str, int, int, int], int] = {}
+    clients: dict[str, int] = {}
+    flat: dict[int, list[str | bytes]] = {}
+    numbers: list[int] = []
+    for w in writes:
+        index = clients.setdefault(w.notify_channel, len(clients) + 1) if w.notify_channel else 0
+        pairs = int(w.notify_format == NOTIFY_RESULTS)
+        if index and pairs:
+            flat.setdefault(index, []).extend((w.request_id, w.body))
+        numbers.append(kinds.setdefault((w.status, index, w.generation, pairs), len(kinds) + 1))
+    announcements = [msgpack.packb(flat[i]) if i in flat else b""
+                     for i in range(1, len(clients) + 1)]
+    return (kinds, [channel_of(c) for c in clients], struct.pack(f">{len(numbers)}H", *numbers),
+            announcements)
+
+
 class ResultStore:
     """Redis-backed result store keyed by request ID."""
 
@@ -281,6 +344,7 @@ class ResultStore:
         self._get_records = client.register_script(GET_RECORDS_SCRIPT)
         self._cancel_views = client.register_script(CANCEL_VIEWS_SCRIPT)
         self._inflight_prefix = names.inflight_prefix
+        self._id_offset = len(names.result(""))
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -311,14 +375,16 @@ class ResultStore:
         """Store terminal results unless one already exists; True where this call's write won."""
         if not writes:
             return []
-        keys = [self._names.result(w.request_id) for w in writes]
-        # What is small goes in one msgpack argument, so a batch is N bodies plus two
-        # arguments rather than 5N: redis-py packs every argument in Python.
-        channel = self._names.notify_channel
-        meta = msgpack.packb([
-            (w.request_id, w.status, channel(w.notify_channel) if w.notify_channel else "",
-             w.generation, int(w.notify_format == NOTIFY_RESULTS)) for w in writes])
-        args: list[Any] = [self.ttl_s, meta, self._inflight_prefix, *(w.body for w in writes)]
+        result_key = self._names.result
+        keys = [result_key(w.request_id) for w in writes]
+        if len(writes) > _MAX_WRITES:  # two bytes index the kinds
+            return [won for start in range(0, len(writes), _MAX_WRITES)
+                    for won in await self.write_terminal(writes[start:start + _MAX_WRITES])]
+        kinds, channels, codes, announcements = terminal_meta(writes,
+                                                              self._names.notify_channel)
+        args: list[Any] = [self.ttl_s, msgpack.packb((list(kinds), channels)), codes,
+                           self._inflight_prefix, self._id_offset,
+                           *(w.body for w in writes), *announcements]
         with wrap_errors(ResultStoreError, "cannot write results"):
             won = await self._write_terminal(keys=keys, args=args)
         return [bool(x) for x in won]

@@ -108,15 +108,15 @@ def predict_commands(n: int, batches: int, clients: int = 1) -> dict[str, float]
     """Commands the request paths cost for N requests in K batches (one client; with
     more, PUBLISH is bounded by :func:`publish_bounds`).
 
-    submit, per chunk of C: 1 EVALSHA of the one-trip submit (per request HSETNX, HSET
-    gen/body, HSET notify, EXPIRE, XADD: ``connectors.redis_submit``, the results and the
+    submit, per chunk of C: 1 EVALSHA of the one-trip submit (per request HSETNX, one
+    HSET of gen/body/notify, EXPIRE, XADD: ``connectors.redis_submit``, the results and the
     streams on one node), 1 admission pipeline (INFO memory + XLEN). write, per batch:
     1 EVALSHA (HMGET, HSET, EXPIRE per request; 1 PUBLISH per client). ack, per batch:
     MULTI, XACK, XDEL, EXEC. read: nothing (the announcement carries the bodies).
     Fetches (XREADGROUP) are bounded separately."""
     chunks = chunks_of(n, clients)
     return {
-        "evalsha": chunks + batches, "hsetnx": n, "hset": 3 * n, "expire": 2 * n,
+        "evalsha": chunks + batches, "hsetnx": n, "hset": 2 * n, "expire": 2 * n,
         "xadd": n, "hmget": n, "publish": batches, "multi": batches, "xack": batches,
         "xdel": batches, "exec": batches, "info": chunks, "xlen": chunks,
     }
@@ -154,17 +154,23 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
     chunks = chunks_of(n, clients)
     entry = bulk(ENTRY_ID_BYTES)
     rid, stream, group = sizes.request_id, sizes.stream, sizes.group
-    meta_pending = 1 + 1 + 1 + _str_h(16) + 16 + 1  # ["", "", client_id, stream index]
-    meta_write = 1 + _str_h(rid) + rid + 10 + _str_h(sizes.channel) + sizes.channel + 1
+    # Per request, each script call carries a two-byte index into its distinct tuples
+    # (one per chunk or batch here), and the write the announcement it publishes.
+    announced = _str_h(rid) + rid + _bin_h(sizes.result) + sizes.result
     into: float = (
-        bulk(sizes.result_key) + bulk(sizes.pending) + meta_pending  # submit: record
+        bulk(sizes.result_key) + bulk(sizes.pending) + 2  # submit: record
         + bulk(sizes.request)  # and payload
-        + bulk(sizes.result_key) + bulk(sizes.result) + meta_write  # write_terminal
+        + bulk(sizes.result_key) + bulk(sizes.result) + 2 + announced  # write_terminal
         + 2 * entry)  # XACK + XDEL
-    evalsha = command(7, 40, 4, 5, 8)  # EVALSHA sha numkeys ttl meta(header), ~
+    evalsha = command(7, 40, 4, 5)  # EVALSHA sha numkeys ttl, ~
+    kind_pending = 1 + 1 + 1 + _str_h(16) + 16 + 1  # ["", "", client_id, stream index]
+    kind_write = 1 + 1 + len("succeeded") + 1 + 1 + 1  # [status, channel, gen, pairs]
+    meta_write = 1 + 1 + kind_write + 1 + _str_h(sizes.channel) + sizes.channel
     per_chunk = (evalsha + bulk(1) + bulk(stream)  # submit: + maxlen, the stream key
+                 + bulk(1 + kind_pending) + bulk(0)  # the tuples, the indexes' framing
                  + command(4, 6) + command(4, stream))  # admission: INFO memory, XLEN
-    per_batch = (evalsha + bulk(sizes.inflight_prefix)  # write_terminal
+    per_batch = (evalsha + bulk(meta_write) + bulk(0) + bulk(sizes.inflight_prefix)
+                 + bulk(2) + bulk(3)  # write_terminal: + the ID offset, the array header
                  + command(5) + command(4, stream, group) + command(4, stream)
                  + command(4))  # MULTI XACK XDEL EXEC
     per_fetch = command(10, 5, group, CONSUMER_BYTES, 5, 4, 5, 3, 7, stream, stream - 7,

@@ -104,7 +104,7 @@ def predict_per_node(chunks: Sequence[Sequence[str]], batches: Sequence[Batch],
                      layout: Layout) -> dict[str, Counter[str]]:
     """Commands per primary for these submit chunks (result keys) and batches.
 
-    Per chunk: a put-pending ``EVAL`` per slot group (``HSETNX``, 2 ``HSET``,
+    Per chunk: a put-pending ``EVAL`` per slot group (``HSETNX``, one ``HSET``,
     ``EXPIRE`` per key, on the key's primary); 1 XADD-many ``EVAL`` (``XADD`` per
     request) and 1 ``XLEN`` on the stream's primary; 1 ``INFO`` on every primary. Per
     batch: a write ``EVAL`` per slot group (``HMGET``, ``HSET``, ``EXPIRE`` per key); 1
@@ -117,7 +117,7 @@ def predict_per_node(chunks: Sequence[Sequence[str]], batches: Sequence[Batch],
         for key in chunk:
             row = out[layout.node_of(key)]
             row["hsetnx"] += 1
-            row["hset"] += 2
+            row["hset"] += 1
             row["expire"] += 1
         out[layout.stream].update({"eval": 1, "xadd": len(chunk), "xlen": 1})
         for p in layout.primaries:

@@ -201,6 +201,37 @@ async def test_announcements_in_both_formats(backend: Backend) -> None:
         await subscription.close()
 
 
+async def test_an_announcement_leaves_out_the_writes_that_lost(backend: Backend) -> None:
+    """Redis sends the message the worker built only when every write in it won; else it
+    rebuilds one from the winners, and sends none when all lost."""
+    results, client = backend.plane.results, f"c{uuid.uuid4().hex[:6]}"
+    subscription = await backend.plane.announcements.subscribe(client)
+
+    async def announced(count: int) -> list[tuple[str, bytes | None]]:
+        got: list[tuple[str, bytes | None]] = []
+        deadline = time.monotonic() + 10
+        while len(got) < count and time.monotonic() < deadline:
+            got.extend(await subscription.next(0.5))
+        return got
+
+    def done(request_id: str, body: bytes, status: str = "succeeded") -> TerminalWrite:
+        return TerminalWrite(request_id, status, body, client, notify_format=NOTIFY_RESULTS)
+
+    try:
+        ids = [rid() for _ in range(4)]
+        await results.put_pending([(i, b"p") for i in ids])
+        assert await results.write_terminal([done(ids[1], b"first", "failed")]) == [True]
+        assert await announced(1) == [(ids[1], b"first")]
+        won = await results.write_terminal([done(i, i.encode() * 9) for i in ids])
+        assert won == [True, False, True, True]
+        assert await announced(3) == [(i, i.encode() * 9) for i in (ids[0], ids[2], ids[3])]
+        assert await results.write_terminal([done(ids[0], b"again"), done(ids[2], b"again")]
+                                            ) == [False, False]
+        assert await subscription.next(0.3) == []
+    finally:
+        await subscription.close()
+
+
 async def test_claims_take_a_dead_consumers_idle_entries(backend: Backend) -> None:
     model = f"m{uuid.uuid4().hex[:6]}"
     publisher = backend.publisher()

@@ -164,6 +164,36 @@ async def test_announcement_bytes_are_pinned_for_each_format(redis_url: str) -> 
         await store.close()
 
 
+async def test_an_announcement_rebuilt_after_a_lost_write_has_the_same_bytes(
+        redis_url: str) -> None:
+    """§8: the worker builds a batch's ``results`` message and Redis sends it as is when
+    every write in it won; where one lost, Redis rebuilds it from the winners, and the
+    bytes are those the worker would have built for them alone."""
+    store = open_result_store(redis_url, NAMES)
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe("bf:notify:c0ffee")
+        first = TerminalWrite("req-0010", "failed", b"first", "c0ffee")
+        assert await store.write_terminal([first]) == [True]
+        assert await store.write_terminal([
+            TerminalWrite(rid, "succeeded", body, "c0ffee", notify_format=NOTIFY_RESULTS)
+            for rid, body in (("req-0010", b"late"), ("req-0011", b"b" * 300),
+                              ("req-0012", b"body-12"))]) == [False, True, True]
+        got: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while len(got) < 2 and loop.time() < deadline:
+            msg = await pubsub.get_message(timeout=0.5)
+            if msg is not None:
+                got.append(msg["data"])
+        assert got == [b"req-0010", msgpack.packb(["req-0011", b"b" * 300,
+                                                   "req-0012", b"body-12"])]
+        assert got[1][:13] == bytes.fromhex("94a87265712d30303131c5012c")  # array, str, bin16
+    finally:
+        await pubsub.aclose()
+        await store.close()
+
+
 async def test_dead_letter_entry_is_pinned(redis_url: str) -> None:
     """§11: the stream layout ``bf:dlq:{model}`` (§2) is a record layout: its fields
     change only with ``v``; ``errors`` is msgpack, ``at`` and ``gen`` are text."""
