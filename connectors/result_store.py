@@ -344,6 +344,8 @@ class ResultStore:
         self._get_records = client.register_script(GET_RECORDS_SCRIPT)
         self._cancel_views = client.register_script(CANCEL_VIEWS_SCRIPT)
         self._inflight_prefix = names.inflight_prefix
+        #: Where the request ID starts in a result key: one node's keys are a fixed prefix
+        #: and the ID (the cluster store, whose keys carry a tag, has its own write).
         self._id_offset = len(names.result(""))
 
     @property
@@ -375,11 +377,11 @@ class ResultStore:
         """Store terminal results unless one already exists; True where this call's write won."""
         if not writes:
             return []
-        result_key = self._names.result
-        keys = [result_key(w.request_id) for w in writes]
         if len(writes) > _MAX_WRITES:  # two bytes index the kinds
             return [won for start in range(0, len(writes), _MAX_WRITES)
                     for won in await self.write_terminal(writes[start:start + _MAX_WRITES])]
+        result_key = self._names.result
+        keys = [result_key(w.request_id) for w in writes]
         kinds, channels, codes, announcements = terminal_meta(writes,
                                                               self._names.notify_channel)
         args: list[Any] = [self.ttl_s, msgpack.packb((list(kinds), channels)), codes,
