@@ -14,7 +14,6 @@ on the two-call path. Redis runs a script atomically and, once it has written, p
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,13 @@ import msgpack
 
 from batchfleet.connectors.broker import OutboundMessage
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.result_store import PUT_PENDING_FN, ResultStore
+from batchfleet.connectors.result_store import (
+    INDEXED_FN,
+    MAX_INDEXED,
+    PUT_PENDING_FN,
+    ResultStore,
+    pack_indexes,
+)
 from batchfleet.connectors.values import Ownership, SubmitState
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import shard_for
@@ -31,16 +36,14 @@ from batchfleet.schemas.names import shard_for
 #: none), ARGV[3] msgpack of the distinct (owner, fingerprint, notify, stream index)
 #: tuples, ARGV[4] each request's 1-based index into them (two bytes, big-endian), then
 #: N pending bodies and N request payloads (field 'p', as ``RedisStreamsPublisher``).
-#: The tuples go once each, not once per request: unpacking a tuple per request cost
-#: Redis more than the XADD (a chunk of one client's requests has one tuple).
-_SUBMIT = PUT_PENDING_FN + """
+#: The tuples go once each (``INDEXED_FN``): a chunk of one client's requests has one.
+_SUBMIT = PUT_PENDING_FN + INDEXED_FN + """
 local ttl, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2])
 local kinds, codes = cmsgpack.unpack(ARGV[3]), ARGV[4]
 local n = #codes / 2
 local out, created = {}, {}
 for i = 1, n do
-  local hi, lo = string.byte(codes, 2 * i - 1, 2 * i)
-  local meta = kinds[hi * 256 + lo]
+  local meta = indexed(kinds, codes, i)
   local state = put_pending(KEYS[i], ttl, meta, ARGV[4 + i])
   out[i] = state
   if state == 0 then created[#created + 1] = KEYS[i] end
@@ -62,10 +65,6 @@ return out
 """
 
 
-#: Requests per script call at most: each one's tuple index is two bytes.
-_MAX_PER_CALL = 65_535
-
-
 class OneTripSubmit:
     """Records and publishes a chunk of requests in one script call (one node only)."""
 
@@ -80,11 +79,11 @@ class OneTripSubmit:
         """``records``, ``owners`` and ``messages`` are parallel: one of each per request.
         Publishes the requests whose state is NEW or PENDING, exactly as the two-call
         path does; raises ``TransportError`` with nothing recorded if any XADD fails."""
-        if len(records) > _MAX_PER_CALL:  # two bytes index the tuples
-            return [state for start in range(0, len(records), _MAX_PER_CALL)
-                    for state in await self.submit(records[start:start + _MAX_PER_CALL],
-                                                   owners[start:start + _MAX_PER_CALL],
-                                                   messages[start:start + _MAX_PER_CALL])]
+        if len(records) > MAX_INDEXED:  # two bytes index the tuples
+            return [state for start in range(0, len(records), MAX_INDEXED)
+                    for state in await self.submit(records[start:start + MAX_INDEXED],
+                                                   owners[start:start + MAX_INDEXED],
+                                                   messages[start:start + MAX_INDEXED])]
         names = self._names
         streams: dict[str, int] = {}
         kinds: dict[tuple[str, str, str, int], int] = {}
@@ -96,7 +95,7 @@ class OneTripSubmit:
             numbers.append(kinds.setdefault(kind, len(kinds) + 1))
         keys = [names.result(rid) for rid, _ in records]
         args: list[Any] = [self._store.ttl_s, self._max_len, msgpack.packb(list(kinds)),
-                           struct.pack(f">{len(numbers)}H", *numbers)]
+                           pack_indexes(numbers)]
         args.extend(body for _, body in records)
         args.extend(msg.payload for msg in messages)
         with wrap_errors(TransportError, "cannot submit to Redis"):

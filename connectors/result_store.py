@@ -79,6 +79,26 @@ local function put_pending(key, ttl, meta, body)
 end
 """
 
+#: Requests per script call at most where each carries a two-byte index into the call's
+#: distinct metadata tuples (the one-trip submit and the terminal write): sent once
+#: each, not once per request, since unpacking a tuple per request cost Redis more than
+#: the write it describes.
+MAX_INDEXED = 65_535
+
+#: The tuple a request's two-byte index (in ``codes``, big-endian) names, 1-based.
+INDEXED_FN = """
+local function indexed(tuples, codes, i)
+  local hi, lo = string.byte(codes, 2 * i - 1, 2 * i)
+  return tuples[hi * 256 + lo]
+end
+"""
+
+
+def pack_indexes(numbers: Sequence[int]) -> bytes:
+    """What ``INDEXED_FN`` reads: each number as two bytes, big-endian."""
+    return struct.pack(f">{len(numbers)}H", *numbers)
+
+
 #: ARGV[2] packs each key's ``meta``.
 PUT_PENDING_SCRIPT = PUT_PENDING_FN + """
 local ttl = tonumber(ARGV[1])
@@ -101,7 +121,7 @@ return out
 #: read). Building the array here, and unpacking a tuple per write, cost Redis more than
 #: the writes; the caller's msgpack does both in C. A write that lost is left out of its
 #: channel's message, which is then rebuilt from the winners (rare: a redelivery).
-_WRITE_TERMINAL = """
+_WRITE_TERMINAL = INDEXED_FN + """
 -- msgpack headers by hand: cmsgpack would send bodies as str, not bin
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
 local function u32(n) return string.char(math.floor(n / 16777216), math.floor(n / 65536) % 256,
@@ -119,15 +139,11 @@ local meta = cmsgpack.unpack(ARGV[2])
 local kinds, channels = meta[1], meta[2]
 local codes, inflight, plen = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local n = #KEYS
-local function kind_of(i)
-  local hi, lo = string.byte(codes, 2 * i - 1, 2 * i)
-  return kinds[hi * 256 + lo]
-end
 local out = {}
 local lost = {}
 local id_lists = {}
 for i, key in ipairs(KEYS) do
-  local kind = kind_of(i)
+  local kind = indexed(kinds, codes, i)
   local status, ci, gen = kind[1], kind[2], kind[3]
   local cur = redis.call('HMGET', key, 'status', 'gen', 'owner')
   local cur_gen = tonumber(cur[2]) or 0
@@ -153,7 +169,7 @@ for ci, channel in ipairs(channels) do
   elseif built ~= '' then
     local parts = {}
     for i, key in ipairs(KEYS) do
-      local kind = kind_of(i)
+      local kind = indexed(kinds, codes, i)
       if out[i] == 1 and kind[2] == ci and kind[4] == 1 then
         local rid, body = string.sub(key, plen + 1), ARGV[5 + i]
         parts[#parts + 1] = str_h(#rid) .. rid
@@ -299,10 +315,6 @@ return n
 """
 
 
-#: Writes per script call at most: each one's kind index is two bytes.
-_MAX_WRITES = 65_535
-
-
 def terminal_meta(writes: Sequence[TerminalWrite], channel_of: Callable[[str], str]
                   ) -> tuple[dict[tuple[str, int, int, int], int], list[str], bytes,
                              list[bytes]]:
@@ -322,8 +334,7 @@ def terminal_meta(writes: Sequence[TerminalWrite], channel_of: Callable[[str], s
         numbers.append(kinds.setdefault((w.status, index, w.generation, pairs), len(kinds) + 1))
     announcements = [msgpack.packb(flat[i]) if i in flat else b""
                      for i in range(1, len(clients) + 1)]
-    return (kinds, [channel_of(c) for c in clients], struct.pack(f">{len(numbers)}H", *numbers),
-            announcements)
+    return kinds, [channel_of(c) for c in clients], pack_indexes(numbers), announcements
 
 
 class ResultStore:
@@ -377,9 +388,9 @@ class ResultStore:
         """Store terminal results unless one already exists; True where this call's write won."""
         if not writes:
             return []
-        if len(writes) > _MAX_WRITES:  # two bytes index the kinds
-            return [won for start in range(0, len(writes), _MAX_WRITES)
-                    for won in await self.write_terminal(writes[start:start + _MAX_WRITES])]
+        if len(writes) > MAX_INDEXED:  # two bytes index the kinds
+            return [won for start in range(0, len(writes), MAX_INDEXED)
+                    for won in await self.write_terminal(writes[start:start + MAX_INDEXED])]
         result_key = self._names.result
         keys = [result_key(w.request_id) for w in writes]
         kinds, channels, codes, announcements = terminal_meta(writes,

@@ -176,6 +176,15 @@ async def test_lane_losses_only_move_forward(backend: Backend) -> None:
     assert await results.lane_losses() == {"m:interactive": 200, "m:bulk": 5}
 
 
+async def _announced(subscription: Any, count: int) -> list[tuple[str, bytes | None]]:
+    """What the subscription hears until ``count`` results came, or 10 s passed."""
+    got: list[tuple[str, bytes | None]] = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend(await subscription.next(0.5))
+    return got
+
+
 async def test_announcements_in_both_formats(backend: Backend) -> None:
     results, client = backend.plane.results, f"c{uuid.uuid4().hex[:6]}"
     subscription = await backend.plane.announcements.subscribe(client)
@@ -190,10 +199,7 @@ async def test_announcements_in_both_formats(backend: Backend) -> None:
             TerminalWrite(ids[3], "failed", b"w", "someone-else")])
         # a write that loses announces nothing
         await results.write_terminal([TerminalWrite(ids[2], "failed", b"late", client)])
-        got: list[tuple[str, bytes | None]] = []
-        deadline = time.monotonic() + 10
-        while len(got) < 3 and time.monotonic() < deadline:
-            got.extend(await subscription.next(0.5))
+        got = await _announced(subscription, 3)
         assert sorted(got, key=lambda a: ids.index(a[0])) == [
             (ids[0], b"x"), (ids[1], b"y" * 300), (ids[2], None)]
         assert await subscription.next(0.2) == []
@@ -207,13 +213,6 @@ async def test_an_announcement_leaves_out_the_writes_that_lost(backend: Backend)
     results, client = backend.plane.results, f"c{uuid.uuid4().hex[:6]}"
     subscription = await backend.plane.announcements.subscribe(client)
 
-    async def announced(count: int) -> list[tuple[str, bytes | None]]:
-        got: list[tuple[str, bytes | None]] = []
-        deadline = time.monotonic() + 10
-        while len(got) < count and time.monotonic() < deadline:
-            got.extend(await subscription.next(0.5))
-        return got
-
     def done(request_id: str, body: bytes, status: str = "succeeded") -> TerminalWrite:
         return TerminalWrite(request_id, status, body, client, notify_format=NOTIFY_RESULTS)
 
@@ -221,10 +220,11 @@ async def test_an_announcement_leaves_out_the_writes_that_lost(backend: Backend)
         ids = [rid() for _ in range(4)]
         await results.put_pending([(i, b"p") for i in ids])
         assert await results.write_terminal([done(ids[1], b"first", "failed")]) == [True]
-        assert await announced(1) == [(ids[1], b"first")]
+        assert await _announced(subscription, 1) == [(ids[1], b"first")]
         won = await results.write_terminal([done(i, i.encode() * 9) for i in ids])
         assert won == [True, False, True, True]
-        assert await announced(3) == [(i, i.encode() * 9) for i in (ids[0], ids[2], ids[3])]
+        assert await _announced(subscription, 3) == [(i, i.encode() * 9)
+                                                     for i in (ids[0], ids[2], ids[3])]
         assert await results.write_terminal([done(ids[0], b"again"), done(ids[2], b"again")]
                                             ) == [False, False]
         assert await subscription.next(0.3) == []

@@ -9,6 +9,7 @@ request), so either do that, or put the bytes back. Each test names its rule.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -131,6 +132,18 @@ async def test_pending_record_is_pinned(redis_url: str) -> None:
         await store.close()
 
 
+async def _messages(pubsub: Any, count: int) -> list[bytes]:
+    """The data of the messages ``pubsub`` gets until ``count`` came, or 10 s passed."""
+    got: list[bytes] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while len(got) < count and loop.time() < deadline:
+        msg = await pubsub.get_message(timeout=0.5)
+        if msg is not None:
+            got.append(msg["data"])
+    return got
+
+
 async def test_announcement_bytes_are_pinned_for_each_format(redis_url: str) -> None:
     """§11 and §8: what a message on ``bf:notify:{client}`` carries is negotiated by the
     request (``notify_format``), never changed under a request that did not ask. Not
@@ -146,13 +159,7 @@ async def test_announcement_bytes_are_pinned_for_each_format(redis_url: str) -> 
             TerminalWrite("req-0002", "succeeded", b"body-2", "c0ffee"),
             TerminalWrite("req-0003", "failed", b"body-3", "c0ffee"),
         ])
-        got: set[bytes] = set()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10.0
-        while len(got) < 2 and loop.time() < deadline:
-            msg = await pubsub.get_message(timeout=0.5)
-            if msg is not None:
-                got.add(msg["data"])
+        got = set(await _messages(pubsub, 2))
         pairs = bytes.fromhex("92a87265712d30303031c406626f64792d31")
         assert got == {pairs, b"req-0002,req-0003"}
         assert b"req-0002,req-0003".decode() == "req-0002,req-0003"  # what old clients do
@@ -179,13 +186,7 @@ async def test_an_announcement_rebuilt_after_a_lost_write_has_the_same_bytes(
             TerminalWrite(rid, "succeeded", body, "c0ffee", notify_format=NOTIFY_RESULTS)
             for rid, body in (("req-0010", b"late"), ("req-0011", b"b" * 300),
                               ("req-0012", b"body-12"))]) == [False, True, True]
-        got: list[bytes] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10.0
-        while len(got) < 2 and loop.time() < deadline:
-            msg = await pubsub.get_message(timeout=0.5)
-            if msg is not None:
-                got.append(msg["data"])
+        got = await _messages(pubsub, 2)
         assert got == [b"req-0010", msgpack.packb(["req-0011", b"b" * 300,
                                                    "req-0012", b"body-12"])]
         assert got[1][:13] == bytes.fromhex("94a87265712d30303131c5012c")  # array, str, bin16
