@@ -43,6 +43,7 @@ from batchfleet.producers.admission import Admission, AdmissionLimits
 from batchfleet.producers.client_settings import CLIENT_DEFAULTS
 from batchfleet.producers.coalescing import Coalescer
 from batchfleet.producers.sending import Outgoing, Sender, conflict_error, inputs_fingerprint
+from batchfleet.producers.shared_reads import SharedReads
 from batchfleet.producers.stage_stamps import DEFAULT_LIMIT as DEFAULT_STAGE_LIMIT
 from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.producers.waiting import ResultWaiter
@@ -169,8 +170,9 @@ class AsyncClient:
         self._models_ttl_s = model_list_ttl_s
         #: name -> (monotonic read time, its pipeline or None for a model's name).
         self._pipelines: dict[str, tuple[float, Pipeline | None]] = {}
-        #: model -> the registry read in flight for it (``_lookup``).
-        self._lookups: dict[str, asyncio.Future[tuple[set[str], ModelRecord | None]]] = {}
+        #: The registry reads in flight, one per model and one per name (``SharedReads``).
+        self._lookups: SharedReads[tuple[set[str], ModelRecord | None]] = SharedReads()
+        self._pipeline_reads: SharedReads[Pipeline | None] = SharedReads()
         self._templates: dict[TemplateKey, RequestTemplate] = {}
         #: The broker's own pressure reading covers the store too (one server).
         self._results_on_broker = (results_url == parsed.url
@@ -396,12 +398,13 @@ class AsyncClient:
 
     async def pipeline(self, name: str) -> Pipeline | None:
         """The pipeline a submit's name resolves to, or None for a model; cached for
-        ``model_list_ttl_s`` (a miss too: one read per name per TTL)."""
+        ``model_list_ttl_s`` (a miss too: one read per name per TTL, shared by the submits
+        that find the entry expired together)."""
         now = time.monotonic()
         cached = self._pipelines.get(name)
         if cached is not None and now - cached[0] < self._models_ttl_s:
             return cached[1]
-        found = await self._plane.pipelines.get(name)
+        found = await self._pipeline_reads.get(name, lambda: self._plane.pipelines.get(name))
         if len(self._pipelines) >= _MAX_CACHED_MODELS:
             self._pipelines.clear()
         self._pipelines[name] = (now, found)
@@ -469,17 +472,7 @@ class AsyncClient:
     async def _lookup(self, model: str) -> tuple[set[str], ModelRecord | None]:
         """One registry read per model at a time: a burst of concurrent submits to a model
         not yet cached shares it, rather than taking a connection each."""
-        read = self._lookups.get(model)
-        if read is None:
-            read = self._lookups[model] = asyncio.ensure_future(self._registry.lookup(model))
-            read.add_done_callback(lambda done: self._forget_lookup(model, done))
-        return await asyncio.shield(read)  # one caller cancelled: the others still wait
-
-    def _forget_lookup(self, model: str, done: asyncio.Future[Any]) -> None:
-        if self._lookups.get(model) is done:
-            del self._lookups[model]
-        if not done.cancelled():
-            done.exception()  # retrieved, even if every waiter was cancelled meanwhile
+        return await self._lookups.get(model, lambda: self._registry.lookup(model))
 
     async def known_models(self) -> set[str]:
         """Every model submits are accepted for: declared, or ever served (one round trip)."""

@@ -57,3 +57,30 @@ async def test_a_wait_for_a_connection_that_runs_out_says_why(redis_url: str) ->
         with pytest.raises(ResultStoreError, match="no Redis connection came free within "
                                                    r"0.3s: all 1 of this client's pool"):
             await client.get("anything")
+
+
+async def _calls(raw: aioredis.Redis, command: str) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_a_burst_after_the_registry_cache_expires_reads_it_once(redis_url: str) -> None:
+    """Every submit of a burst finds the model and pipeline entries expired together: one
+    read of each is shared, and the pool opens no connection per waiting submit."""
+    await _serve_demo_mlp(redis_url)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        async with AsyncClient(redis_url, namespace=NS, model_list_ttl_s=0.2) as client:
+            await client.submit("demo-mlp", [0.0] * 10)  # warm: script loaded, entries read
+            connections = len(await raw.client_list())
+            await asyncio.sleep(0.3)  # both entries expire
+            gets, hgetalls = await _calls(raw, "get"), await _calls(raw, "hgetall")
+            ids = await asyncio.gather(*(client.submit("demo-mlp", [float(i)] * 10)
+                                         for i in range(200)))
+            assert len(set(ids)) == 200
+            assert await _calls(raw, "get") - gets == 1  # is "demo-mlp" a pipeline?
+            assert await _calls(raw, "hgetall") - hgetalls == 1  # its registry record
+            # the registry read and the coalesced sends: a handful, not one per submit
+            assert len(await raw.client_list()) <= connections + 3
+    finally:
+        await raw.aclose()
