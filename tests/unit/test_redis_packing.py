@@ -22,25 +22,51 @@ COMMANDS: list[tuple[Any, ...]] = [
     ("SET", "k", b"\x00\xff" * 10, 5, 1.5, -0.0, 1e20, float("inf"), "é", ""),
     (b"EVALSHA", "a" * 40, 2, "bf:result:1", "bf:result:2", 86400, b"meta", b"body"),
     ("XADD", "s", "*", "p", b"x" * 7000),  # above redis-py's 6,000-byte buffer cutoff
+    # a full batch's result write: 500 arguments, an announcement of 80 KB, one C call
+    (b"EVALSHA", "a" * 40, 250, *(f"bf:result:{i:032x}" for i in range(250)), 86400,
+     b"meta", b"\x00\x01" * 250, *(b"b" * 300 for _ in range(250)), b"a" * 80_000),
     ("PING",),
     ("SET", "k", memoryview(b"v")),
+]
+
+BIG = b"v" * (LARGE_ARGUMENT_BYTES + 1)
+#: A large value among small ones: hiredis packs the runs around it, the value goes as
+#: its own buffer.
+AROUND_LARGE: list[tuple[Any, ...]] = [
+    ("SET", "k", BIG),
+    ("SET", "k", memoryview(BIG)),
+    (b"EVALSHA", "a" * 40, 3, *(f"bf:result:{i}" for i in range(3)), 86400, b"m", 2,
+     *(b"body-%d" % i for i in range(3)), BIG),  # the large one last
+    ("XADD", "s", "*", BIG, BIG, "p", 1.5, BIG),  # first, twice in a row, and last
 ]
 
 
 @pytest.mark.parametrize("args", COMMANDS)
 def test_hiredis_packs_the_same_bytes_as_redis_py(args: tuple[Any, ...]) -> None:
     packed = hiredis_packs(args)
-    assert packed is not None
+    assert packed is not None and len(packed) == 1  # one buffer, from one C call
     assert b"".join(packed) == b"".join(Connection().pack_command(*args))
     conn = packed_by_hiredis(Connection)()
     assert conn.pack_command(*args) == packed
 
 
+@pytest.mark.parametrize("args", AROUND_LARGE)
+def test_a_large_value_goes_as_its_own_buffer_and_the_rest_through_hiredis(
+        args: tuple[Any, ...]) -> None:
+    packed = hiredis_packs(args)
+    assert packed is not None
+    assert b"".join(packed) == b"".join(Connection().pack_command(*args))
+    large = [arg for arg in args if isinstance(arg, bytes | bytearray | memoryview)
+             and len(arg) > LARGE_ARGUMENT_BYTES]
+    assert [part for part in packed if part is BIG or isinstance(
+        part, memoryview)] == large  # never copied into a joined buffer
+    assert len(packed) <= 1 + 4 * len(large)  # runs of small ones: one buffer each
+
+
 @pytest.mark.parametrize("args", [
     ("CONFIG GET", "maxmemory"),  # redis-py splits a command name with a space
-    ("SET", "k", b"v" * (LARGE_ARGUMENT_BYTES + 1)),
-    ("SET", "k", memoryview(b"v" * (LARGE_ARGUMENT_BYTES + 1))),
     ("SET", "k", bytearray(b"v")),
+    ("SET", "k", bytearray(BIG)),
 ])
 def test_what_hiredis_does_not_pack_redis_py_packs_as_before(args: tuple[Any, ...]) -> None:
     assert hiredis_packs(args) is None
@@ -52,6 +78,9 @@ def test_what_hiredis_does_not_pack_redis_py_packs_as_before(args: tuple[Any, ..
 def test_values_redis_py_refuses_are_still_refused_by_it(bad: Any) -> None:
     with pytest.raises(DataError):
         packed_by_hiredis(Connection)().pack_command("SET", "k", bad)
+    assert hiredis_packs(("SET", BIG, bad)) is None  # beside a large value too
+    with pytest.raises(DataError):
+        packed_by_hiredis(Connection)().pack_command("SET", BIG, bad)
 
 
 async def test_every_connection_of_a_client_packs_with_hiredis() -> None:
