@@ -1,6 +1,7 @@
 """What a request costs each process at a fixed offered rate, below saturation:
 ``python -m tests.support.load_cpu [--rates 1000 2000 4000 8000] [--seconds 6]
-[--per-arrival]``.
+[--per-arrival]``, and what a batch costs the worker's event loop when saturated:
+``python -m tests.support.load_cpu --closed 16 64 256``.
 
 An embedded Redis and one real demo-mlp worker process (``max_batch_size`` 256,
 ``max_wait_ms`` 5, the bench's), then this process offers Poisson arrivals at each rate
@@ -9,7 +10,10 @@ with ``--per-arrival``) and prints, per rate: the CPU per request of the worker'
 loop, of its other threads, of Redis and of this client (each thread's nanosecond
 ``schedstat``), the worker's fetches (``XREADGROUP``) and batches (its ack's ``EXEC``)
 per request from ``INFO commandstats``, the mean batch, and fleet- and caller-side
-p50/p99. docs/performance.md, "CPU per request rises as load falls", comes from it.
+p50/p99. With ``--closed``, a fresh worker per ``max_batch_size`` is kept saturated by
+four lanes of 256-request ``submit_many`` and the loop's CPU per batch and per request
+is printed: the fixed part per batch is the difference between sizes.
+docs/performance.md, "CPU per request rises as load falls", comes from it.
 """
 
 from __future__ import annotations
@@ -93,13 +97,47 @@ async def _run(url: str, namespace: str, worker_pid: int, rates: list[float],
         await raw.aclose()
 
 
+async def _closed(url: str, namespace: str, worker_pid: int, seconds: float) -> str:
+    """Four lanes of 256-request ``submit_many`` for ``seconds``: the loop's CPU."""
+    inputs = np.random.default_rng(0).standard_normal((256, 10)).astype(np.float32)
+    async with AsyncClient(url, url, namespace=namespace, poll_interval_s=30.0) as client:
+        await client.wait_many(await client.submit_many("demo-mlp", inputs), 60)
+        stop = time.monotonic() + seconds
+        requests, batches = 0, set()
+
+        async def lane() -> None:
+            nonlocal requests
+            while time.monotonic() < stop:
+                for result in await client.wait_many(
+                        await client.submit_many("demo-mlp", inputs), 60):
+                    requests += 1
+                    batches.add(result.finished_at)  # one batch's results share it
+        before = _thread_cpu_s(worker_pid).get(worker_pid, 0.0)
+        await asyncio.gather(*(lane() for _ in range(4)))
+        loop_s = _thread_cpu_s(worker_pid).get(worker_pid, 0.0) - before
+    n, b = max(1, requests), max(1, len(batches))
+    return (f"{requests / seconds:7.0f} req/s, mean batch {n / b:5.1f}: worker loop "
+            f"{loop_s / b * 1000:.2f} ms per batch, {loop_s / n * 1e6:.1f} us per request")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[1000, 2000, 4000, 8000])
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--per-arrival", action="store_true",
                         help="one submit() per arrival instead of submit_many per tick")
+    parser.add_argument("--closed", type=int, nargs="+", metavar="MAX_BATCH_SIZE",
+                        help="saturate a fresh worker per max_batch_size instead")
     args = parser.parse_args()
+    if args.closed:
+        with fleet.services(None, None, False) as svc:
+            for size in args.closed:
+                namespace = fleet.new_namespace("load-cpu")
+                with fleet.worker(svc, "redis", "demo-mlp", size, 5.0, namespace) as worker:
+                    assert worker.proc is not None
+                    print(f"max_batch_size {size:4d}: " + asyncio.run(_closed(
+                        svc.redis_url, namespace, worker.proc.pid, args.seconds)), flush=True)
+        return
     with fleet.services(None, None, False) as svc:
         namespace = fleet.new_namespace("load-cpu")
         with fleet.worker(svc, "redis", "demo-mlp", 256, 5.0, namespace) as worker:
