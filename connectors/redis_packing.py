@@ -23,6 +23,10 @@ except ImportError:  # pragma: no cover - hiredis comes with redis[hiredis]
 #: instead of being copied into the packed command a second time.
 LARGE_ARGUMENT_BYTES = 1024 * 1024
 _BUFFERS = (bytes, memoryview, bytearray)
+#: Commands with at most this many arguments are looked through before packing, so a
+#: large value in one (a bulk request's payload) is never copied; longer ones are packed
+#: first and looked through only when the packed command is over the limit.
+_LOOK_FIRST = 16
 
 
 def hiredis_packs(args: tuple[Any, ...]) -> list[bytes] | None:
@@ -31,9 +35,8 @@ def hiredis_packs(args: tuple[Any, ...]) -> list[bytes] | None:
     One C call for any command under :data:`LARGE_ARGUMENT_BYTES` in all, however many
     arguments it has: a worker's result write for a full batch carries about 500 of
     them, one an announcement of about 80 KB, and packing those in Python (as a 64 KB
-    cutoff for "large" did) cost more than the rest of the write. Only a command over
-    that size is looked through for its large arguments, which then go as their own
-    buffers, the arguments around them still packed by hiredis."""
+    cutoff for "large" did) cost more than the rest of the write. Large arguments go as
+    their own buffers, the ones around them still packed by hiredis."""
     if _hiredis_pack is None:
         return None
     first = args[0]
@@ -41,14 +44,21 @@ def hiredis_packs(args: tuple[Any, ...]) -> list[bytes] | None:
                                                             and b" " not in first)):
         return None
     try:
+        if len(args) <= _LOOK_FIRST:  # a few arguments, maybe one large (a bulk payload)
+            large = _large(args)
+            return _packed_around(args, large) if large else [_hiredis_pack(args)]
         packed = _hiredis_pack(args)
+        if len(packed) <= LARGE_ARGUMENT_BYTES:
+            return [packed]
+        large = _large(args)
+        return _packed_around(args, large) if large else [packed]
     except TypeError:  # a type it does not take: redis-py packs it, or says why not
         return None
-    if len(packed) <= LARGE_ARGUMENT_BYTES:
-        return [packed]
-    large = [i for i, arg in enumerate(args)
-             if type(arg) in _BUFFERS and len(arg) > LARGE_ARGUMENT_BYTES]
-    return _packed_around(args, large) if large else [packed]
+
+
+def _large(args: tuple[Any, ...]) -> list[int]:
+    return [i for i, arg in enumerate(args)
+            if type(arg) in _BUFFERS and len(arg) > LARGE_ARGUMENT_BYTES]
 
 
 def _packed_around(args: tuple[Any, ...], large: list[int]) -> list[bytes]:
