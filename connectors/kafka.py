@@ -47,6 +47,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.kafka_gaps import GapWatch
 from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
@@ -405,8 +406,7 @@ class KafkaConsumer:
         """Leave the group. Acks already committed; un-acked work goes to the next owner."""
         task, self._topic_task = self._topic_task, None
         if task is not None:
-            task.cancel()
-            await asyncio.wait([task])  # its cancellation is not ours to raise
+            await cancel_until_done([task])  # its cancellation is not ours to raise
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             _leave_group_at_generation_zero(consumer)

@@ -69,8 +69,9 @@ class Wakeup:
             if self.version != seen:
                 return
             self._waiters.add(key)
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+        try:  # asyncio.timeout, not wait_for: 3.11's drops a cancel (``cancelling``)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         except TimeoutError:
             pass
         finally:

@@ -29,7 +29,7 @@ from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import ConnectionError, MaxConnectionsError, RedisError
 
-from batchfleet.connectors.redis_packing import packed_by_hiredis
+from batchfleet.connectors.redis_connection import fleet_connection
 from batchfleet.connectors.values import DEFAULT_POOL_TIMEOUT_S
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.schemas.names import Names
@@ -126,7 +126,17 @@ class FleetRedisCluster(RedisCluster):
     ``ConnectionError``, the slot map is marked stale (by the library for a command,
     by :class:`FleetPipeline` for a pipeline), and the caller retries with its own
     backoff until the promoted replica answers, as it does on a single node.
+
+    Its nodes' connections are :func:`fleet_connection`'s, as a single node's are: the
+    nodes it learns from the slot map are built from ``connection_kwargs``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = self.nodes_manager.connection_kwargs
+        options["connection_class"] = fleet_connection(options["connection_class"])
+        for node in self.nodes_manager.startup_nodes.values():  # no connection made yet
+            node.connection_class = options["connection_class"]
 
     def pipeline(self, transaction: Any | None = None,
                  shard_hint: Any | None = None) -> ClusterPipeline:
@@ -188,7 +198,7 @@ def redis_client(url: str, max_connections: int | None = None,
     options = {**_OPTIONS, "health_check_interval": 30}
     pool = WaitingPool.from_url(url, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                                 timeout=pool_timeout_s, **options)
-    pool.connection_class = packed_by_hiredis(pool.connection_class)
+    pool.connection_class = fleet_connection(pool.connection_class)
     return aioredis.Redis.from_pool(pool)
 
 

@@ -34,12 +34,12 @@ its lane.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.producers.result_sink import Sink
 from batchfleet.producers.stage_stamps import StageStamps
@@ -64,7 +64,6 @@ _ARRIVED_BYTES_CAP = 64 * 1024 * 1024
 #: Waits whose announcement is due here are polled only every this many poll intervals.
 _QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
-_CLOSE_TIMEOUT_S = 2.0
 #: How long a wait must look lost (record gone, or lane lost after it) before it ends,
 #: unless the client or the wait says otherwise (``loss_grace_s``).
 LOSS_GRACE_S = 2.0
@@ -116,10 +115,9 @@ class ResultWaiter:
 
     async def close(self) -> None:
         if self._listener is not None:
-            self._listener.cancel()
-            # bounded: a client must be able to exit even if the connection is wedged
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._listener, _CLOSE_TIMEOUT_S)
+            # cancelled until it is gone: a wedged read ends at the cancel, and a
+            # cancel dropped by 3.11's wait_for is sent again
+            await cancel_until_done([self._listener])
             self._listener = None
         for sinks in self._waiters.values():
             for sink in sinks:

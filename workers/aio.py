@@ -7,6 +7,8 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from batchfleet.connectors.cancelling import cancel_until_done
+
 T = TypeVar("T")
 
 
@@ -18,8 +20,7 @@ async def unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T
     stopped.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_until_done([task])
     return None
 
 

@@ -18,6 +18,7 @@ import structlog
 
 from batchfleet import connectors
 from batchfleet.connectors.broker import Consumer, Delivery, Publisher, shard_lanes
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.control_plane import ControlPlane, StoreResults
 from batchfleet.connectors.model_registry import ServedModels
 from batchfleet.schemas.envelopes import ErrorInfo, Limits
@@ -219,9 +220,8 @@ class Worker(DefaultViews):
                       grace_s=self.settings.grace_s, buffered=len(self.batcher))
             for task in (fetch, compute, *self._contained, *self._completions.tasks):
                 task.cancel()
-        finally:
-            for side_task in (*side, stop_wait):
-                side_task.cancel()
+        finally:  # gone before on_stop runs, even where a cancel is dropped (3.11)
+            await cancel_until_done([*side, stop_wait])
         if crashed:
             raise crashed[0].exception()  # type: ignore[misc]
         if self._crashed is not None:

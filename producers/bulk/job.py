@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import structlog
 
 from batchfleet.connectors import BrokerURL, ControlPlane, open_control_plane, results_url_for
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.control_plane import StoreResults
 from batchfleet.producers.bulk.errors import (
     BulkError,
@@ -187,9 +188,7 @@ async def holding_lease(jobs: JobStore, body: Coroutine[Any, Any, T]) -> T:
             keeper.result()  # raises why the lease was lost
         return main.result()
     finally:
-        for task in (main, keeper):
-            task.cancel()
-        await asyncio.gather(main, keeper, return_exceptions=True)
+        await cancel_until_done([main, keeper])
 
 
 async def _keep_lease(jobs: JobStore) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.control_plane import StoreResults
 from batchfleet.producers.bulk.rows import INVALID_ROW, Row, encode_problem
 from batchfleet.producers.bulk.spec import Tuning
@@ -35,24 +36,6 @@ from batchfleet.schemas.names import LANE_BULK
 log = structlog.get_logger("batchfleet.bulk")
 
 Entry = tuple[int, Row]  # (sequence number in this pass, row)
-#: How long a cancelled task gets before it is cancelled again.
-_RECANCEL_S = 0.5
-
-
-async def cancel_until_done(tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again any that is still running.
-
-    One ``cancel()`` is not always enough on Python 3.11: ``asyncio.wait_for`` (used by
-    the SDK's waits and redis-py) drops a cancel that lands as its inner call finishes
-    (fixed in 3.12). A feeder that dropped it went on to wait for a slot the stopped
-    writer would never free, and a cancelled bulk job never returned.
-    """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=_RECANCEL_S)
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Slots:

@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from batchfleet.producers.bulk.window import Slots, cancel_until_done
+from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.producers.bulk.window import Slots
 
 pytestmark = pytest.mark.unit
 

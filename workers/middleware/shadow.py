@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from batchfleet.connectors.cancelling import cancel_until_done
 from batchfleet.connectors.control_plane import RolloutStats
 from batchfleet.connectors.rollout_stats import (
     ComparisonDelta,
@@ -269,8 +270,7 @@ class Shadow(Middleware):
         if running is not None:  # a shadow run is bounded by one forward
             await asyncio.wait({running}, timeout=ctx.settings.grace_s)
             if not running.done():  # a wedged shadow: its thread is a daemon, left behind
-                running.cancel()
-                await asyncio.wait({running})
+                await cancel_until_done([running])
         self._thread.shutdown()
         for copy in {id(c): c for c in self._waiting.values()}.values():
             self._skip(copy, "stopping")

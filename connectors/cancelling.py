@@ -1,0 +1,28 @@
+"""Stopping tasks on Python 3.11, where one ``cancel()`` is not always enough.
+
+``asyncio.wait_for`` drops a cancellation that lands as the call it wraps finishes
+(fixed in 3.12). Our Redis connections no longer send under it
+(``connectors.redis_connection``), but aiokafka and our own bounded waits still use
+it, so a task that must be gone before its owner goes on (a worker's side loops, a
+client's listener, a bulk job's feeder) is cancelled until it is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+#: How long a cancelled task gets before it is cancelled again.
+RECANCEL_S = 0.5
+
+
+async def cancel_until_done(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that is still running;
+    their results and errors are theirs (retrieved here, never raised)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    await asyncio.gather(*tasks, return_exceptions=True)
