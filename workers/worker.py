@@ -10,6 +10,7 @@ use ``async_run()`` and ``request_stop()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,6 +51,8 @@ from batchfleet.workers.runner import BatchRun
 from batchfleet.workers.settings import WorkerSettings
 
 log = structlog.get_logger("batchfleet.worker")
+#: After the grace period: how long the cancelled loops get to be gone before the closes.
+_GONE_WITHIN_S = 5.0
 
 
 class Worker(DefaultViews):
@@ -218,8 +221,11 @@ class Worker(DefaultViews):
         except TimeoutError:
             log.error("grace period over: exiting with work in flight; it will be redelivered",
                       grace_s=self.settings.grace_s, buffered=len(self.batcher))
-            for task in (fetch, compute, *self._contained, *self._completions.tasks):
-                task.cancel()
+            # gone before on_stop and the closes, within a bound: the grace is spent
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_GONE_WITHIN_S):
+                    await cancel_until_done(
+                        [fetch, compute, *self._contained, *self._completions.tasks])
         finally:  # gone before on_stop runs, even where a cancel is dropped (3.11)
             await cancel_until_done([*side, stop_wait])
         if crashed:
