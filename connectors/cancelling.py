@@ -4,7 +4,9 @@
 (fixed in 3.12). Our Redis connections no longer send under it
 (``connectors.redis_connection``), but aiokafka and our own bounded waits still use
 it, so a task that must be gone before its owner goes on (a worker's side loops, a
-client's listener, a bulk job's feeder) is cancelled until it is done.
+client's listener, a bulk job's feeder) is cancelled until it is done. A bulk feeder
+that dropped its one cancel waited for ever for a slot the stopped writer would never
+free; a worker's side loop that dropped it ran on after the worker stopped.
 """
 
 from __future__ import annotations
