@@ -10,6 +10,7 @@ from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
 from batchfleet.connectors.redis_client import redis_client
+from batchfleet.connectors.redis_connection import fleet_connection
 from batchfleet.connectors.redis_packing import (
     LARGE_ARGUMENT_BYTES,
     hiredis_packs,
@@ -87,9 +88,10 @@ def test_values_redis_py_refuses_are_still_refused_by_it(bad: Any) -> None:
 
 
 async def test_every_connection_of_a_client_packs_with_hiredis() -> None:
+    """And sends under ``asyncio.timeout`` (``connectors.redis_connection``)."""
     for url, base in (("redis://127.0.0.1:1/0", Connection),
                       ("unix:///tmp/none.sock", UnixDomainSocketConnection)):
         client = redis_client(url)
         cls = client.connection_pool.connection_class
-        assert issubclass(cls, base) and cls is packed_by_hiredis(base)
+        assert cls is fleet_connection(base) and issubclass(cls, packed_by_hiredis(base))
         await client.aclose()
