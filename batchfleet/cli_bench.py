@@ -48,6 +48,11 @@ def bench(
     producers: Annotated[int | None, typer.Option(
         "--producers", help="Separate load-generating producer processes per scenario (and "
                             "for the broker-only loop). Default: 2.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", help="Worker processes per fleet scenario, one consumer group (on a "
+                          "GPU, several share it, each with its own interpreter). Their "
+                          "CPU is summed; the ratios stay against one model-alone "
+                          "ceiling. Default: 1.")] = None,
     broker_loop: Annotated[bool, typer.Option(
         "--broker-loop/--no-broker-loop",
         help="Run the broker-only loop baseline (XADD / XREADGROUP / XACK+XDEL on "
@@ -210,7 +215,7 @@ def bench(
     plan = replace(plan, models=models, transports=tuple(transport or plan.transports),
                    plot_path=plot or out / "bench-sweep.png", profile=profile,
                    max_requests=max_requests, torch_threads=torch_threads,
-                   redis_url=redis, kafka_url=kafka)
+                   redis_url=redis, kafka_url=kafka, workers=workers or 1)
     if flood or flood_rps is not None:
         flood_plan = FloodPlan(transport=(transport or ["redis"])[0])
         if seconds is not None or quick:

@@ -75,11 +75,28 @@ def worker(svc: Services, transport: str, model: str, max_batch_size: int,
     """A real ``batchfleet worker`` subprocess, warmed up; SIGTERM-drained on exit.
 
     ``extra_args`` are further worker options (e.g. ``--latency-slo-ms 20``)."""
-    proc = WorkerProcess(
-        svc.broker_for(transport), svc.redis_url, models=(model,), namespace=namespace,
-        log_level="warning", env=dict(svc.worker_env), keep_log=False, device="auto",
-        extra_args=("--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
-                    *extra_args))
-    with proc:
-        proc.wait_ready()
-        yield proc
+    with workers(svc, transport, model, max_batch_size, max_wait_ms, namespace,
+                 extra_args) as procs:
+        yield procs[0]
+
+
+@contextmanager
+def workers(svc: Services, transport: str, model: str, max_batch_size: int,
+            max_wait_ms: float, namespace: str, extra_args: tuple[str, ...] = (),
+            count: int = 1) -> Iterator[list[WorkerProcess]]:
+    """``count`` workers on one namespace (one consumer group), started together.
+
+    Several processes on one GPU are the remedy for a worker whose own Python is
+    the bound (docs/performance.md, "On a GPU"): each has its own interpreter, so
+    the compute threads no longer wait for one event loop's GIL.
+    """
+    with ExitStack() as stack:
+        procs = [stack.enter_context(WorkerProcess(
+            svc.broker_for(transport), svc.redis_url, models=(model,), namespace=namespace,
+            log_level="warning", env=dict(svc.worker_env), keep_log=False, device="auto",
+            extra_args=("--max-batch-size", str(max_batch_size),
+                        "--max-wait-ms", str(max_wait_ms), *extra_args)))
+            for _ in range(count)]
+        for proc in procs:
+            proc.wait_ready()
+        yield procs

@@ -151,6 +151,8 @@ class BenchPlan:
     flood: FloodPlan | None = None
     #: Load-generating producer processes per scenario (and for the broker-only loop).
     producers: int = 2
+    #: Worker processes per fleet scenario, one consumer group (several share a GPU).
+    workers: int = 1
     #: The broker-only loop (XADD / XREADGROUP / XACK+XDEL, no decode, no model) per
     #: transport, at demo-mlp's batch size and closed-loop window; off: skipped.
     broker_loop: bool = True
@@ -170,6 +172,8 @@ class BenchPlan:
                 raise ConfigError(f"{m.model}: batch size and closed-loop window must be >= 1")
         if self.producers < 1:
             raise ConfigError("producers must be at least 1")
+        if self.workers < 1:
+            raise ConfigError("workers must be at least 1")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError("torch_threads must be at least 1")
         if not self.models or not self.transports:

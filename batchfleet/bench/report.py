@@ -61,8 +61,10 @@ def throughput_table(report: dict[str, Any]) -> str:
         t = s["throughput"]
         ceiling = ceilings.get(s["model"], {}).get("forward", {}).get("samples_per_s")
         split = t["time_split"]
+        workers = s.get("workers", 1)
         rows.append((
-            s["model"], s["transport"], f"{s['max_batch_size']} / {s['max_wait_ms']:g}",
+            s["model"] + (f" ({workers} workers)" if workers > 1 else ""), s["transport"],
+            f"{s['max_batch_size']} / {s['max_wait_ms']:g}",
             _fmt(t["throughput_rps"]), _fmt(ceiling),
             _fmt(t["throughput_rps"] / ceiling, 3) if ceiling else "-",
             _fmt(t["mean_batch_size"]), _fmt(split.get("mean_queue_ms"), 2),

@@ -276,12 +276,13 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
         for transport in plan.transports:
             for m in plan.models:
                 say(f"{m.model} over {transport}: batch {m.max_batch_size}, "
-                    f"wait {m.max_wait_ms:g} ms")
+                    f"wait {m.max_wait_ms:g} ms, {plan.workers} worker process(es)")
                 key = f"{m.model}-{transport}"
                 report["scenarios"].append(run_scenario(
                     svc, transport, m, phases, seed=plan.seed,
                     model_cpu_per_wall=report["ceilings"][m.model]["handler"]["cpu_per_wall"],
-                    profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None))
+                    profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None,
+                    workers=plan.workers))
                 _save(plan, {**report, "profiles": profiles}, complete=False)
         if plan.flood is not None:
             flood = plan.flood

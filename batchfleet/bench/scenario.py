@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -230,27 +230,33 @@ def drive(producers: Producers, plan: ModelPlan, phases: Phases, meter: CpuMeter
 def run_scenario(svc: fleet.Services, transport: str, plan: ModelPlan, phases: Phases, *,
                  model_cpu_per_wall: float, seed: int,
                  profiler: ProfilerFactory | None = None,
-                 worker_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Start a worker for ``plan`` on ``transport`` and measure it; the scenario's record.
+                 worker_args: tuple[str, ...] = (), workers: int = 1) -> dict[str, Any]:
+    """Start ``workers`` worker processes for ``plan`` on ``transport`` and measure them.
 
-    The producer processes are spawned first, so their imports overlap the worker's
+    The producer processes are spawned first, so their imports overlap the workers'
     start-up; ``worker_args`` are extra ``batchfleet worker`` options (the SLO row).
+    With several workers, the closed loop keeps ``workers`` windows outstanding, the
+    ``worker`` CPU figures are their sum and the profile samples the first.
     """
+    # Each worker gets the one worker's closed-loop window: a shared one would cap
+    # N workers at the outstanding requests that keep one busy (Little's law).
+    plan = replace(plan, chunks_in_flight=plan.chunks_in_flight * workers)
     namespace = fleet.new_namespace(f"{plan.model}-{transport}")
     started = time.time()
     inputs = demo_inputs(plan.model, _INPUT_POOL, seed)
     with Producers(phases.producers, svc.broker_for(transport), svc.redis_url, namespace,
                    plan.model, inputs) as producers, \
-            fleet.worker(svc, transport, plan.model, plan.max_batch_size, plan.max_wait_ms,
-                         namespace, worker_args) as proc:
-        assert proc.proc is not None
+            fleet.workers(svc, transport, plan.model, plan.max_batch_size, plan.max_wait_ms,
+                          namespace, worker_args, workers) as procs:
+        pids = [proc.proc.pid for proc in procs if proc.proc is not None]
         producers.ready()
-        meter = CpuMeter({"worker": proc.proc.pid, "client": producers.pids,
+        meter = CpuMeter({"worker": pids, "client": producers.pids,
                           "bench": os.getpid(), **svc.server_pids()})
         body = drive(producers, plan, phases, meter, model_cpu_per_wall, seed, profiler,
-                     proc.proc.pid)
+                     pids[0])
     return {"model": plan.model, "transport": transport,
             "max_batch_size": plan.max_batch_size, "max_wait_ms": plan.max_wait_ms,
             "closed_loop_window": plan.chunk * plan.chunks_in_flight,
-            "producers": phases.producers, "worker_args": list(worker_args),
+            "producers": phases.producers, "workers": len(pids),
+            "worker_args": list(worker_args),
             "elapsed_s": round(time.time() - started, 1), **body}

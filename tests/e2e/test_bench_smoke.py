@@ -174,3 +174,26 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
     assert "broker-only loop: redis" in markdown and "fleet p99 ms" in markdown
     assert "SLO row" in markdown
     assert elapsed < 90  # generous: the brief asks for under 60 s on an idle two-core box
+
+
+def test_several_workers_share_the_load_and_each_gets_a_window(tmp_path: Path) -> None:
+    """``--workers 2``: two worker processes in one consumer group (several per GPU is the
+    remedy docs/performance.md measures), the closed loop's window doubled so the second
+    is not starved, and every request answered once."""
+    args = [sys.executable, "-m", "batchfleet", "bench", "-m", "demo-mlp", "-t", "redis",
+            "--out", str(tmp_path / "out"), "--seconds", "1", "--max-requests", "300",
+            "--no-rq", "--no-broker-loop", "--no-sweep", "--no-slo", "--workers", "2",
+            "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=100, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert report["plan"]["workers"] == 2
+    (s,) = report["scenarios"]
+    assert s["workers"] == 2  # two processes started and ready
+    assert s["closed_loop_window"] == 2 * 256 * 8  # demo-mlp's window, once per worker
+    assert _positive(s["throughput"]["throughput_rps"])
+    loop = s["throughput"]["worker_threads"]["loop_busy_frac"]
+    assert _positive(loop) and loop <= 2.0  # two event loops, summed
+    for point in [*s["latency"], s["latency_coalesced"]]:
+        _check_open_point(point)
+    assert "demo-mlp (2 workers)" in (tmp_path / "out" / "bench.md").read_text()

@@ -1,12 +1,17 @@
-"""The benchmark's report never shows a negative worker overhead (issue 25, item 17)."""
+"""The benchmark's edges: no negative worker overhead (issue 25, item 17), a sane plan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from batchfleet.bench.plan import full_plan
 from batchfleet.bench.report import _fmt
 from batchfleet.bench.scenario import worker_overhead_us
 from batchfleet.bench.targets import _num
+from batchfleet.schemas.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -20,3 +25,10 @@ def test_a_negative_overhead_is_no_measurement() -> None:
     assert worker_overhead_us(3.0, 2.0, 1000, 1.2) == {"as_specified": 1000.0,
                                                       "cpu_corrected": 600.0}
     assert worker_overhead_us(1.0, 0.0, 0, 1.0)["as_specified"] is None
+
+
+def test_a_bench_plan_needs_at_least_one_worker(tmp_path: Path) -> None:
+    plan = replace(full_plan(tmp_path), workers=0)
+    with pytest.raises(ConfigError, match="workers must be at least 1"):
+        plan.validated()
+    assert replace(plan, workers=3).validated().workers == 3
