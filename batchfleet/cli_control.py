@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.fleet import FleetSnapshot
 from batchfleet.options import (
     BrokerOpt,
@@ -300,7 +301,7 @@ def check(
     async def go() -> FleetSnapshot:
         reader = plane.fleet(door)
         try:
-            return await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
+            return await bounded(reader.read(), READ_TIMEOUT_S)
         finally:
             await reader.close()
             await plane.close()

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.control_plane import FleetReads, Routes
 from batchfleet.connectors.fleet_paused import fleet_document, paused_models
 from batchfleet.options import BrokerOpt, JsonOpt, NamespaceOpt, ResultsOpt, error_line, fail
@@ -38,7 +39,7 @@ async def _read(reader: FleetReads, routes: Routes) -> Seen:
         snap = await reader.read()
         return Seen(snap, await paused_models(routes, snap))
 
-    return await asyncio.wait_for(both(), READ_TIMEOUT_S)
+    return await bounded(both(), READ_TIMEOUT_S)
 
 
 def _show(seen: Seen, output: str, no_headers: bool) -> None:

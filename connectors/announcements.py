@@ -12,7 +12,6 @@ Pub/sub is at-most-once: callers keep a slow poll as the safety net.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any, cast
 
@@ -21,6 +20,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.cluster import RedisCluster
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_client import is_cluster, refresh_topology
 from batchfleet.connectors.values import Announced
@@ -78,7 +78,7 @@ class RedisSubscription:
     async def close(self) -> None:
         """Best effort: a subscription that cannot say goodbye is dropped with its socket."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._pubsub.aclose(), _CLOSE_TIMEOUT_S)
+            await bounded(self._pubsub.aclose(), _CLOSE_TIMEOUT_S)
 
 
 class RedisAnnouncements:

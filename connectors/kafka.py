@@ -47,7 +47,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from batchfleet.connectors.broker import Delivery, LaneBacklog
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.kafka_gaps import GapWatch
 from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
@@ -145,7 +145,7 @@ class KafkaConsumer:
         consumer.subscribe(topics=list(self._topics), listener=_Rebalance(self))
         self._consumer = consumer  # the listener runs inside start()
         try:
-            await asyncio.wait_for(consumer.start(), self._start_timeout_s)
+            await bounded(consumer.start(), self._start_timeout_s)
         except (KafkaError, TimeoutError) as exc:
             self._consumer = None
             await consumer.stop()
@@ -227,7 +227,7 @@ class KafkaConsumer:
         call = consumer.getmany(*tps, timeout_ms=int(wait_s * 1000), max_records=max_records)
         try:
             # getmany waits for a rebalance in progress without a bound; this keeps ours.
-            result: dict[TopicPartition, list[Any]] = await asyncio.wait_for(call, wait_s + 0.05)
+            result: dict[TopicPartition, list[Any]] = await bounded(call, wait_s + 0.05)
         except TimeoutError:
             return {}
         except KafkaError as exc:
@@ -302,7 +302,7 @@ class KafkaConsumer:
             offsets = {tp: OffsetAndMetadata(off, "") for tp, off in targets.items()}
             epochs = {tp: self._watch.epoch(tp) for tp in targets}
             try:
-                await asyncio.wait_for(consumer.commit(offsets), self._commit_timeout_s)
+                await bounded(consumer.commit(offsets), self._commit_timeout_s)
             except (CommitFailedError, IllegalStateError) as exc:
                 # The group rebalanced under us: the new owner redelivers from the last
                 # commit, and the result store makes the repeats harmless.

@@ -39,6 +39,7 @@ from aiokafka.errors import (
 )
 
 from batchfleet.connectors.broker import OutboundMessage
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.tracing import carrier_headers
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import Names
@@ -102,7 +103,7 @@ class KafkaPublisher:
         async with self._lock:
             if missing := set(topics) - self._known_topics:
                 try:
-                    await asyncio.wait_for(ensure_topics(
+                    await bounded(ensure_topics(
                         self._bootstrap, missing, *self._topic_spec), CREATE_TIMEOUT_S)
                 except TimeoutError as exc:
                     raise TransportError(f"Kafka at {self._bootstrap} did not create topics "
@@ -163,7 +164,7 @@ class KafkaPublisher:
         if not unsure:
             return unknown
         try:
-            cluster = await asyncio.wait_for(self._producer.client.fetch_all_metadata(),
+            cluster = await bounded(self._producer.client.fetch_all_metadata(),
                                              METADATA_TIMEOUT_S)
         except (KafkaError, TimeoutError) as exc:
             log.info("kafka_topic_check_failed", error=repr(exc))

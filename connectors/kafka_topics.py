@@ -22,6 +22,7 @@ import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.kafka_publisher import ensure_topics
 from batchfleet.schemas.errors import TransportError
 
@@ -63,7 +64,7 @@ class TopicWatch:
     async def check(self, list_topics: Callable[[], Awaitable[Iterable[str]]]) -> None:
         """One check: re-create what was missing now and at the check before."""
         try:
-            present = set(await asyncio.wait_for(list_topics(), LIST_TIMEOUT_S)) & self._topics
+            present = set(await bounded(list_topics(), LIST_TIMEOUT_S)) & self._topics
         except (KafkaError, TimeoutError) as exc:
             log.info("kafka_topic_check_failed", error=repr(exc))
             return
@@ -73,7 +74,7 @@ class TopicWatch:
         if not gone:
             return
         try:
-            await asyncio.wait_for(ensure_topics(self._bootstrap, gone, *self._spec),
+            await bounded(ensure_topics(self._bootstrap, gone, *self._spec),
                                    CREATE_TIMEOUT_S)
         except (TransportError, TimeoutError) as exc:
             log.warning("kafka_topic_recreate_failed", topics=sorted(gone), error=str(exc))
@@ -87,6 +88,6 @@ async def seek_to_start(consumer: Any, tps: Sequence[TopicPartition]) -> None:
     be refused (Tansu answers nothing), and what the new log holds arrived after the loss.
     """
     try:
-        await asyncio.wait_for(consumer.seek_to_beginning(*tps), SEEK_TIMEOUT_S)
+        await bounded(consumer.seek_to_beginning(*tps), SEEK_TIMEOUT_S)
     except (KafkaError, TimeoutError) as exc:  # a rebalance took them: the new owner reads
         log.info("kafka_seek_after_loss_failed", error=repr(exc))

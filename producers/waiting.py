@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 import structlog
 
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.producers.result_sink import Sink
 from batchfleet.producers.stage_stamps import StageStamps
@@ -106,7 +106,7 @@ class ResultWaiter:
         if self._listener is None:
             self._listener = asyncio.create_task(self._listen(), name="batchfleet-results")
         try:
-            await asyncio.wait_for(self._subscribed.wait(), _SUBSCRIBE_TIMEOUT_S)
+            await bounded(self._subscribed.wait(), _SUBSCRIBE_TIMEOUT_S)
         except TimeoutError:
             raise ResultStoreError(
                 f"cannot subscribe to result announcements within {_SUBSCRIBE_TIMEOUT_S}s: "

@@ -7,7 +7,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 
 T = TypeVar("T")
 
@@ -27,14 +27,14 @@ async def unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T
 async def within(check: Awaitable[bool], timeout_s: float) -> bool:
     """A health check that hangs is a failed one."""
     try:
-        return await asyncio.wait_for(check, timeout_s)
+        return await bounded(check, timeout_s)
     except TimeoutError:
         return False
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        await bounded(event.wait(), timeout_s)
     except TimeoutError:
         return
 

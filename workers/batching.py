@@ -25,6 +25,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from batchfleet.connectors.cancelling import bounded
+
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
@@ -292,4 +294,4 @@ class MicroBatcher(Generic[K, T]):
             if timeout == 0.0:
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                await bounded(self._wakeup.wait(), timeout)

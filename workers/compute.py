@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 import torch
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.schemas.errors import ComputeTimeoutError
 from batchfleet.schemas.tensors import Tensors
 from batchfleet.workers.compute_limits import ComputeLimits
@@ -122,9 +123,9 @@ class ComputeThread:
             # the limit runs from when the thread takes the batch, not from submit: a batch
             # queued behind another is not charged for that wait (nor for a hang ahead of
             # it, past one more limit)
-            await asyncio.wait_for(started, limit)
+            await bounded(started, limit)
             # shielded: the future stays ours, and says when an abandoned thread returns
-            run = await asyncio.wait_for(asyncio.shield(future), limit)
+            run = await bounded(asyncio.shield(future), limit)
         except TimeoutError:
             # its thread exits once the forward returns; a batch never taken is dropped
             executor.shutdown(wait=False, cancel_futures=True)
@@ -148,7 +149,7 @@ class ComputeThread:
         future = asyncio.get_running_loop().run_in_executor(
             pool, self._runner.prepare, model, inputs)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), limit)
+            return await bounded(asyncio.shield(future), limit)
         except TimeoutError:
             # Only our own preprocess is given up (one never taken never runs). The pool
             # is shared by the main lane, the aside lane and the shadow: their queued

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.schemas.errors import ConfigError
 
 log = structlog.get_logger("batchfleet.health")
@@ -56,7 +57,7 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            request = await bounded(reader.readuntil(b"\r\n\r\n"), 5.0)
             words = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             method, path = (words[0], words[1]) if len(words) > 1 else ("", "")
             status, ctype, body = await self._route(method, path.split("?", 1)[0])

@@ -3,9 +3,9 @@ not), its vitals (heartbeat, final log line) and its in-flight counts (metrics).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.schemas.errors import BatchfleetError
 from batchfleet.workers.aio import within
 
@@ -23,7 +23,7 @@ async def readiness(worker: Worker) -> tuple[bool, dict[str, Any]]:
     # which operators must fix in Redis; taking workers out of service would not help.
     redis: dict[str, Any] = {}
     try:
-        pressure = await asyncio.wait_for(worker.store.pressure(), 1.0)
+        pressure = await bounded(worker.store.pressure(), 1.0)
         redis = {"eviction_policy": pressure.eviction_policy,
                  "eviction_policy_safe": pressure.eviction_safe}
     except (BatchfleetError, TimeoutError):

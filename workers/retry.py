@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from batchfleet.connectors.broker import OutboundMessage, Publisher
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.control_plane import DeadLetters, RetrySchedule
 from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
@@ -180,7 +181,7 @@ class RetryPump:
                 moved = 0
             if moved < self._batch:
                 try:
-                    await asyncio.wait_for(stop.wait(), self._interval_s)
+                    await bounded(stop.wait(), self._interval_s)
                 except TimeoutError:
                     continue
 

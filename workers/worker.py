@@ -19,7 +19,7 @@ import structlog
 
 from batchfleet import connectors
 from batchfleet.connectors.broker import Consumer, Delivery, Publisher, shard_lanes
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import ControlPlane, StoreResults
 from batchfleet.connectors.model_registry import ServedModels
 from batchfleet.schemas.envelopes import ErrorInfo, Limits
@@ -217,7 +217,7 @@ class Worker(DefaultViews):
         crashed = [t for t in done if t is not stop_wait and t.exception() is not None]
         self.request_stop()
         try:
-            await asyncio.wait_for(self._drain(fetch, compute), self.settings.grace_s)
+            await bounded(self._drain(fetch, compute), self.settings.grace_s)
         except TimeoutError:
             log.error("grace period over: exiting with work in flight; it will be redelivered",
                       grace_s=self.settings.grace_s, buffered=len(self.batcher))
@@ -387,7 +387,7 @@ class Worker(DefaultViews):
     async def _next_batch(self) -> Any:
         """The batcher's next batch; ``_IDLE`` when a held batch may be due before one is."""
         try:  # next_batch only awaits its wake-up event: cancelling it loses nothing
-            found = await asyncio.wait_for(self.batcher.next_batch(self._fetch_done),
+            found = await bounded(self.batcher.next_batch(self._fetch_done),
                                            self.hooks.held_wait_s())
         except TimeoutError:
             return _IDLE

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import StoreResults
 from batchfleet.producers.bulk.rows import INVALID_ROW, Row, encode_problem
 from batchfleet.producers.bulk.spec import Tuning
@@ -115,7 +115,7 @@ class Scorer:
                     return False
                 next_tick = loop.time() + self._tuning.checkpoint_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(0.0, next_tick - loop.time()))
+                await bounded(self._arrived.wait(), max(0.0, next_tick - loop.time()))
 
     def _fail(self, exc: BaseException) -> None:
         self._failure = self._failure or exc

@@ -1,10 +1,12 @@
 """Stopping on Python 3.11, where ``asyncio.wait_for`` drops a cancel that lands as its
 inner call finishes: a worker's side loops and a client's result listener are gone when
-their owner stops, even when a cancel is dropped (``connectors.cancelling``)."""
+their owner stops, even when a cancel is dropped, and a bounded wait keeps its cancel
+(``connectors.cancelling``)."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from collections.abc import Coroutine
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from batchfleet import AsyncClient
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.memory_state import reset_memory
 from batchfleet.workers.middleware import Middleware
 from batchfleet.workers.middleware.defaults import default_middleware
@@ -87,3 +89,33 @@ async def test_a_closed_client_leaves_no_listener_behind() -> None:
         assert left == []
     finally:
         reset_memory(url)
+
+
+async def _cancel_as_it_finishes(wait: Any) -> asyncio.Task[Any]:
+    """A task awaiting ``wait(future)``; the future is answered and the task cancelled in
+    one turn of the loop: the cancel lands as the awaited call finishes."""
+    future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(wait(future))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    future.set_result("answered")
+    task.cancel()
+    await asyncio.wait([task])
+    return task
+
+
+async def test_bounded_keeps_a_cancel_that_lands_as_the_call_finishes() -> None:
+    kept = await _cancel_as_it_finishes(lambda f: bounded(f, 5.0))
+    assert kept.cancelled()
+    if sys.version_info < (3, 12):  # what every bounded wait did before: the cancel is lost
+        dropped = await _cancel_as_it_finishes(lambda f: asyncio.wait_for(f, 5.0))
+        assert not dropped.cancelled() and dropped.result() == "answered"
+
+
+async def test_bounded_answers_times_out_and_may_be_unbounded() -> None:
+    assert await bounded(asyncio.sleep(0, "done"), 1.0) == "done"
+    assert await bounded(asyncio.sleep(0.01, "late but unbounded"), None) == "late but unbounded"
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError):
+        await bounded(never, 0.05)
+    assert never.cancelled()  # as wait_for would: what timed out is cancelled

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.control_plane import ResultCache
 from batchfleet.connectors.result_cache import ANY_VERSION, cache_key
 from batchfleet.connectors.values import CacheEntry
@@ -134,7 +135,7 @@ def cache_lookup(cache: ResultCache, model: str, scope_of: Callable[[Job], str])
                           scope=scope_of(j)) if j.request.cache else None for j in jobs]
         wanted = [k for k in keys if k is not None]
         try:
-            found = await asyncio.wait_for(cache.get_many(wanted), CACHE_TIMEOUT_S)
+            found = await bounded(cache.get_many(wanted), CACHE_TIMEOUT_S)
         except (BatchfleetError, TimeoutError) as exc:
             log.warning("fallback cache step could not read the cache", model=model,
                         error=str(exc) or type(exc).__name__)

@@ -26,7 +26,6 @@ cache answers again. See docs/cache.md.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import structlog
 
+from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.control_plane import ResultCache
 from batchfleet.connectors.result_cache import ANY_VERSION, SCOPE_OWNER, cache_key
 from batchfleet.connectors.values import CacheEntry
@@ -232,7 +232,7 @@ class CachedResults(Middleware):
     async def _call(self, model: str, doing: str, call: Awaitable[T]) -> T | None:
         """The store's answer, or None after an error or a timeout (counted, logged once)."""
         try:
-            result = await asyncio.wait_for(call, self._timeout_s)
+            result = await bounded(call, self._timeout_s)
         except (BatchfleetError, TimeoutError) as exc:
             self.counts.errors += 1
             if self._metrics is not None:

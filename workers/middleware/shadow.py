@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from batchfleet.connectors.cancelling import cancel_until_done
+from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import RolloutStats
 from batchfleet.connectors.rollout_stats import (
     ComparisonDelta,
@@ -221,7 +221,7 @@ class Shadow(Middleware):
         limit = self._ctx.compute.limits.limit_s(version_lane(copy.model, copy.shadow))
         running = self._thread.run(lambda: run_shadow(handler, copy.inputs))
         try:
-            outputs, shadow_ms = await asyncio.wait_for(asyncio.shield(running), limit)
+            outputs, shadow_ms = await bounded(asyncio.shield(running), limit)
         except TimeoutError:
             running.add_done_callback(_retrieve)
             self._thread.shutdown()  # it ends once the forward returns, if ever; a daemon
