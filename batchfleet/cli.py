@@ -246,6 +246,8 @@ def worker() -> None:
 
         batchfleet worker -m demo-mlp -m demo-encoder --retry 5 --retry demo-encoder=2:0.2:10
 
+        batchfleet worker -m demo-encoder --device cuda --processes 2 --metrics-port 9100
+
         batchfleet worker -m fraud=mypkg.models:build --fallback 'fraud=rules:mypkg.rules:score'
 
         batchfleet worker --broker redis://:secret@localhost:6379/0 --print-config
@@ -272,6 +274,17 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
         for line in config_lines(settings, process, source_of(ctx)):
             typer.echo(line)
         raise typer.Exit(0)
+
+    if process.processes > 1:  # a parent that runs the workers, and never torch itself
+        import sys
+
+        from batchfleet.worker_group import run_group
+
+        if "worker" not in sys.argv[1:]:  # called in-process: no command line to repeat
+            raise fail("--processes runs from the batchfleet command line only")
+        options = sys.argv[sys.argv.index("worker", 1) + 1:]
+        raise typer.Exit(run_group(options, process.processes, settings.worker_id,
+                                   settings.metrics_port))
 
     # OpenMP reads these once, when torch loads it: set them before anything imports torch.
     # PASSIVE: idle torch threads sleep instead of spinning on cores the event loop needs.
