@@ -61,12 +61,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 def run_group(options: Sequence[str], count: int, worker_id: str,
               metrics_port: int | None) -> int:
     """Run ``count`` ``batchfleet worker`` children with ``options``; their exit code."""
-    # preexec_fn is safe here: the parent has started no thread (no torch, no loop)
-    children = [subprocess.Popen(
-        [sys.executable, "-m", "batchfleet", "worker", *options,
-         *child_args(i, worker_id, metrics_port)],
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
-        for i in range(count)]
+    children: list[subprocess.Popen[bytes]] = []
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -76,8 +71,21 @@ def run_group(options: Sequence[str], count: int, worker_id: str,
             if child.poll() is None:
                 child.send_signal(signum)
 
+    # installed first: a stop asked for while the children start reaches every one
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        for i in range(count):
+            if stopping:
+                break
+            # preexec_fn is safe here: the parent has started no thread (no torch, no loop)
+            children.append(subprocess.Popen(
+                [sys.executable, "-m", "batchfleet", "worker", *options,
+                 *child_args(i, worker_id, metrics_port)],
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None))  # noqa: PLW1509
+        if stopping:  # a signal during the starts: the last children never saw it
+            forward(signal.SIGTERM, None)
+        if not children:
+            return 0
         first = _first_exit(children)
         if not stopping:
             how = (f"was killed by {signal.Signals(-first.returncode).name}"
