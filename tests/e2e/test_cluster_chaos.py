@@ -57,7 +57,14 @@ async def test_a_killed_worker_on_a_cluster_leaves_every_request_answered_once(
         await asyncio.to_thread(survivor.wait_ready)
         async with cluster_fleet.client() as client:
             ids = await client.submit_many("demo-mlp", x)
-            await _until(victim_busy, 60)
+            try:
+                await _until(victim_busy, 60)
+            except AssertionError as exc:  # seen once in CI: say which worker did what
+                consumers = await redis.xinfo_consumers(stream, names.consumer_group)
+                raise AssertionError(
+                    f"{exc}: the victim never held a delivery; consumers {consumers}\n"
+                    f"victim (alive {victim.alive}):\n{victim.log_tail()}\n"
+                    f"survivor:\n{survivor.log_tail()}") from exc
             victim.kill()
             orphans = await pending_of(victim.worker_id)
             results = await client.wait_many(ids, timeout=120)
