@@ -276,8 +276,6 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
         raise typer.Exit(0)
 
     if process.processes > 1:  # a parent that runs the workers, and never torch itself
-        import sys
-
         from batchfleet.worker_group import run_group
 
         if "worker" not in sys.argv[1:]:  # called in-process: no command line to repeat

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from batchfleet import Client
+from batchfleet.bench.procstat import children
 from batchfleet.connectors.heartbeats import HeartbeatProbe
 from batchfleet.schemas.names import Names
 from batchfleet.worker_group import child_args, group_exit_code
@@ -47,8 +48,8 @@ def _wait_ready(redis_url: str, parent: subprocess.Popen[bytes], tmp_path: Path)
 
 
 def _children(parent: subprocess.Popen[bytes]) -> list[int]:
-    found = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
-    return [int(pid) for pid in found]
+    """The group's processes in the order they started (PIDs rise)."""
+    return sorted(children(parent.pid))
 
 
 def _gone(pid: int) -> bool:
@@ -65,15 +66,15 @@ def test_two_processes_serve_as_two_consumers_and_sigterm_drains_both(
     parent = _start(redis_url, tmp_path)
     try:
         _wait_ready(redis_url, parent, tmp_path)
-        children = _children(parent)
-        assert len(children) == 2
+        pids = _children(parent)
+        assert len(pids) == 2
         with Client(redis_url, namespace=_NAMESPACE) as client:
             ids = client.submit_many("demo-mlp", [[0.1] * 10] * 300)
             results = client.wait_many(ids, 60)
         assert [r.status for r in results] == ["succeeded"] * 300
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(60) == 0, (tmp_path / "group.log").read_text()[-3000:]
-        assert all(_gone(pid) for pid in children)
+        assert all(_gone(pid) for pid in pids)
     finally:
         if parent.poll() is None:
             parent.kill()
