@@ -217,7 +217,7 @@ class WorkerMetrics:
                                      ["model"], registry=r)
         self.delayed_by_shadow = Counter("batchfleet_stable_batches_delayed_by_shadow",
                                          "Batches handed to compute while a shadow forward "
-                                         "ran that started only after it ended", ["model"],
+                                         "ran that were queued behind it on its thread", ["model"],
                                          registry=r)
         self.auto_rollbacks = Counter("batchfleet_rollout_auto_rollbacks", "Canaries the "
                                       "guard rolled back (counted by the worker that did it)",

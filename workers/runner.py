@@ -11,6 +11,7 @@ the network.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ class BatchRun:
     forwards: int
     #: It overran its compute limit and was abandoned (``workers.compute``).
     stalled: bool = False
+    #: The thread its forward ran on (``threading.get_ident()``; 0 when none finished it).
+    thread: int = 0
 
 
 @dataclass(slots=True)
@@ -192,7 +195,7 @@ class ModelRunner:
         outputs: list[Tensors | BatchfleetError] = [
             as_model_error(o) if isinstance(o, BaseException) else o for o in raw
         ]
-        return BatchRun(outputs, started_at, compute_s, forwards)
+        return BatchRun(outputs, started_at, compute_s, forwards, thread=threading.get_ident())
 
     @staticmethod
     def _run_prepared(handler: ModelHandler, inputs: Sequence[Tensors], batch: Any,

@@ -64,12 +64,13 @@ def _stalled(jobs: Sequence[Job]) -> BatchRun:
 
 
 async def test_a_batch_queued_behind_another_gets_its_whole_limit_from_pickup() -> None:
-    """Two aside runs of 1 s each under a 1.5 s limit: the second waits 1 s for the thread
-    and still finishes (its limit once ran from submit, so it stalled at 1.5 s)."""
-    compute = _compute(1.5)
+    """Two aside runs of 1.2 s each under a 2 s limit: the second waits 1.2 s for the
+    thread and still finishes (its limit once ran from submit, so it stalled at 2 s). The
+    0.8 s to spare is for a busy CI box: with 0.5 s, one run there saw the first stall."""
+    compute = _compute(2.0)
     try:
-        first, second = await asyncio.gather(compute.run_aside(MODEL, _jobs(1.0)),
-                                             compute.run_aside(MODEL, _jobs(1.0)))
+        first, second = await asyncio.gather(compute.run_aside(MODEL, _jobs(1.2)),
+                                             compute.run_aside(MODEL, _jobs(1.2)))
     finally:
         compute.shutdown()
     assert (first.stalled, second.stalled) == (False, False)

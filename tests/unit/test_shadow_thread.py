@@ -48,11 +48,13 @@ def test_a_budget_outside_zero_to_one_fails_loudly_at_construction(share: float)
                budget=PerModel(0.25, ((("demo-mlp", None), share),)))
 
 
-def test_delayed_means_started_only_after_the_shadow_forward_ended() -> None:
-    assert not delayed_by(None, 5.0)  # no shadow was running at hand-off
-    assert not delayed_by(Span(1.0), 5.0)  # still running when the batch started
-    assert not delayed_by(Span(1.0, end=6.0), 5.0)  # started before it ended
-    assert delayed_by(Span(1.0, end=5.0), 5.0)
+def test_delayed_means_queued_behind_the_shadow_forward_on_its_thread() -> None:
+    assert not delayed_by(None, 5.0, 7)  # no shadow was running at hand-off
+    assert not delayed_by(Span(1.0, thread=7), 5.0, 7)  # still running when the batch started
+    assert not delayed_by(Span(1.0, end=6.0, thread=7), 5.0, 7)  # started before it ended
+    # started after it ended, but on another thread: scheduling, not a queue behind it
+    assert not delayed_by(Span(1.0, end=5.0, thread=8), 5.0, 7)
+    assert delayed_by(Span(1.0, end=5.0, thread=7), 5.0, 7)
 
 
 async def test_a_shadow_on_its_own_thread_delays_no_batch_but_one_on_compute_would() -> None:
@@ -66,24 +68,31 @@ async def test_a_shadow_on_its_own_thread_delays_no_batch_but_one_on_compute_wou
         running = shadow.run(lambda: (time.sleep(0.3), threading.current_thread().name)[1])
         assert shadow.busy and shadow.current is not None
         span = shadow.current
-        started = await loop.run_in_executor(compute, time.time)  # a stable batch, meanwhile
-        assert not delayed_by(span, started)
+        # a stable batch, meanwhile
+        started, thread = await loop.run_in_executor(compute, _when_and_where)
+        assert not delayed_by(span, started, thread)
         assert await running == "shadow"
         assert span.end is not None and not shadow.busy
 
         shared = Span(time.time())  # the old way: the shadow queued on the compute thread
 
         def old_shadow() -> None:
+            shared.thread = threading.get_ident()
             time.sleep(0.1)
             shared.end = time.time()
 
         first = loop.run_in_executor(compute, old_shadow)
-        started = await loop.run_in_executor(compute, time.time)
+        started, thread = await loop.run_in_executor(compute, _when_and_where)
         await first
-        assert delayed_by(shared, started)
+        assert delayed_by(shared, started, thread)
     finally:
         shadow.shutdown()
         compute.shutdown()
+
+
+def _when_and_where() -> tuple[float, int]:
+    """What a stable batch's run records: when its forward started, and on which thread."""
+    return time.time(), threading.get_ident()
 
 
 async def test_a_shadow_error_reaches_the_awaiting_coroutine_and_frees_the_thread() -> None:

@@ -138,7 +138,7 @@ class Shadow(Middleware):
         span = handed[1] if handed is not None and handed[0] is batch else None
         if span is not None:  # any model's batch: shadow work must delay none of them
             self._metrics.beside_shadow.labels(model).inc()
-            if delayed_by(span, run.started_at):
+            if delayed_by(span, run.started_at, run.thread):
                 self._metrics.delayed_by_shadow.labels(model).inc()
         policy = self._policies.get(model)
         if policy is None or policy.shadow is None or label != policy.stable:

@@ -8,8 +8,11 @@ at a time. A daemon thread, so a wedged shadow never holds the process at exit.
 A thread of its own still shares the cores: :class:`ShadowBudget` caps each model's
 shadow at a share of wall time (after a forward of ``d`` seconds the model's shadow
 rests ``d * (1 - share) / share``), which bounds the CPU a CPU-bound shadow can take.
-:class:`DelayLedger` counts what the issue calls a *delayed stable batch*: handed to
-compute while a shadow forward was running, and not started until that forward ended.
+:func:`delayed_by` decides what the issue calls a *delayed stable batch*: handed to
+compute while a shadow forward was running, and queued behind it: its forward ran on the
+thread the shadow forward held, and started only once that forward ended. (Wall-clock
+order alone would count a batch that merely started a moment after a shadow on another
+thread ended, as a busy machine's scheduling makes happen now and then.)
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"
 
 @dataclass(slots=True)
 class Span:
-    """One shadow forward's wall-clock interval (``end`` None while it runs)."""
+    """One shadow forward's wall-clock interval (``end`` None while it runs) and the
+    thread it ran on (``threading.get_ident()``; None until a thread takes it)."""
 
     start: float
     end: float | None = None
+    thread: int | None = None
 
 
 class ShadowThread:
@@ -77,6 +82,7 @@ class ShadowThread:
     def _serve(self) -> None:
         while (job := self._inbox.get()) is not None:
             fn, loop, future, span = job
+            span.thread = threading.get_ident()
             try:
                 settle: Callable[[], Any] = _result(future, fn())
             except BaseException as exc:  # handed to the awaiting coroutine
@@ -126,7 +132,9 @@ class ShadowBudget:
             self._rest_until[model] = now + seconds * (1.0 - share) / share
 
 
-def delayed_by(span: Span | None, started_at: float) -> bool:
-    """A stable batch handed to compute while ``span`` ran was delayed by it if its forward
-    started (``started_at``, wall clock) only once that shadow forward had ended."""
-    return span is not None and span.end is not None and span.end <= started_at
+def delayed_by(span: Span | None, started_at: float, thread: int) -> bool:
+    """A stable batch handed to compute while ``span`` ran was delayed by it if it was
+    queued behind it: its forward ran on the same ``thread`` and started (``started_at``,
+    wall clock) only once that shadow forward had ended."""
+    return (span is not None and span.end is not None and span.thread == thread
+            and span.end <= started_at)
