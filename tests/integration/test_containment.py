@@ -94,7 +94,7 @@ async def test_two_containments_take_turns_and_charge_no_innocent(redis_url: str
     """One batch holds a hang, another stalled beside it holds only a fine request: the
     fine one is answered, never queued behind the hang and quarantined for it."""
     store = open_result_store(redis_url, Names())
-    compute = _compute(0.5)
+    compute = _compute(1.0)
     contain = Containment(compute, store.note_stalls)
     hung, fine = _jobs(HANG_S, 0.0, prefix="a"), _jobs(0.0, prefix="b")
     try:
@@ -114,7 +114,7 @@ async def test_a_request_implicated_before_is_quarantined_without_a_run_alone(
     """In a batch of two, the request already implicated once is quarantined at once (no
     thread is left stuck on it); its neighbour is run alone and answered."""
     store = open_result_store(redis_url, Names())
-    compute = _compute(0.5)
+    compute = _compute(1.0)
     contain = Containment(compute, store.note_stalls)
     jobs = _jobs(HANG_S, 0.0, prefix="c")
     try:
