@@ -18,7 +18,11 @@ import torch
 
 from batchfleet import AsyncClient
 from batchfleet.connectors import open_control_plane
+from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.memory_state import reset_memory
+from batchfleet.schemas.envelopes import Request
+from batchfleet.schemas.tensors import signature
+from batchfleet.workers.intake import Job
 from batchfleet.workers.models.handler import ModelHandler, TorchModuleHandler
 from batchfleet.workers.settings import WorkerSettings
 from batchfleet.workers.worker import Worker
@@ -166,3 +170,23 @@ async def test_a_pipeline_runs_on_memory_as_on_redis() -> None:
     assert done.status == "succeeded" and done.request_id == rid and done.model == "twice"
     assert np.asarray(done.outputs).tolist() == (row(1.5) * 4).tolist()
     assert [s["step"] for s in done.steps or []] == ["m", "m-2"]
+
+
+async def test_batch_keys_part_requests_by_dtype_byte_order_and_shape_only() -> None:
+    """``Worker._keyed`` looks a single tensor up by its dtype object and shape: requests
+    alike share one key whatever fetch decoded them; another dtype, byte order or shape,
+    or named tensors, get keys of their own, each holding the tensors' signature."""
+    handler = TorchModuleHandler("m", torch.nn.Identity())
+    async with fleet({"m": handler}, start=False) as found:
+        inputs: list[Any] = [np.zeros(4, np.float32), np.ones(4, np.float32),
+                             np.zeros(4, np.float64), np.zeros(4, ">f4"),
+                             np.zeros(5, np.float32), {"a": np.zeros(4, np.float32)}]
+        jobs = [Job(Delivery("m", "interactive", b"", token=None),
+                    Request(f"r{i}", "m", x)) for i, x in enumerate(inputs)]
+        keyed = found.worker._keyed(jobs)
+    keys = [key for key, _ in keyed]
+    assert [job for _, job in keyed] == jobs
+    assert keys[0] is keys[1]
+    assert len({id(k) for k in keys}) == 5 and len(set(keys)) == 5
+    assert [k.signature for k in keys] == [signature(x) for x in inputs]
+    assert {k.version for k in keys} == {next(iter(found.worker.versions["m"]))}
