@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from batchfleet.schemas import envelopes
 from batchfleet.schemas.envelope_struct import result_decoder
 from batchfleet.schemas.envelopes import DEFAULT_LIMITS, SCHEMA_VERSION, STATUSES, Limits, Result
 from batchfleet.schemas.errors import SchemaError
-from batchfleet.schemas.tensors import decode_tensors
+from batchfleet.schemas.tensors import decode_tensors, spec_of
 from batchfleet.schemas.validation import check_request_id
 
 
@@ -42,19 +44,24 @@ def typed_result(env: Any) -> Result | None:
     tensor, owner = env.outputs, env.owner
     try:
         check_request_id(env.id)
-        outputs = None if tensor is None else decode_tensors(
-            {"dtype": tensor.dtype, "shape": tensor.shape, "data": tensor.data}, "outputs")
+        if tensor is None:
+            outputs = None
+        else:
+            data = tensor.data
+            # a (dtype, shape) seen before is only looked up, as decode_tensor does, without
+            # the tensor map it takes: 1.9 us a result less (docs/performance.md)
+            spec = spec_of(tensor.dtype, tensor.shape, data)
+            outputs = (np.frombuffer(data, dtype=spec[0]).reshape(spec[2]) if spec is not None
+                       else decode_tensors({"dtype": tensor.dtype, "shape": tensor.shape,
+                                            "data": data}, "outputs"))
         if owner is not None:
             owner = envelopes._owner(owner)
     except SchemaError:
         return None
+    # positional, in field order: this runs once per result a caller gets
     return Result(
-        request_id=env.id, status=env.status, outputs=outputs, error=None, model=env.model,
-        model_version=env.model_version, attempts=env.attempts or 0,
-        enqueued_at=float(env.enqueued_at or 0.0), started_at=env.started_at,
-        finished_at=env.finished_at, queue_ms=env.queue_ms, compute_ms=env.compute_ms,
-        batch_size=env.batch_size, generation=env.generation or 0, owner=owner,
-        cached=env.cached is True, degraded=env.degraded is True,
-        degraded_reason=env.degraded_reason, fallback=env.fallback, degraded_error=None,
-        steps=None,
+        env.id, env.status, outputs, None, env.model, env.model_version, env.attempts or 0,
+        float(env.enqueued_at or 0.0), env.started_at, env.finished_at, env.queue_ms,
+        env.compute_ms, env.batch_size, env.generation or 0, {}, owner, env.cached is True,
+        env.degraded is True, env.degraded_reason, env.fallback, None, None,
     )
