@@ -10,6 +10,12 @@ GET were dropped, 35 to 48 of 100 of one looping on a pipeline. A worker's side 
 shutdown, which cancels what is left once and waits, could wait for ever.
 ``asyncio.timeout`` bounds the send the same way and keeps the cancellation; it also
 makes no task per command.
+
+Its parser also skips redis-py 8.1's debug line for each pub/sub message under RESP3
+(redis-py's default protocol since 8.0): ``logger.debug("Push response: " +
+str(response))`` formats the whole message before ``debug`` can drop it, whatever the log
+level (redis/redis-py#4230, fixed upstream after 8.1). A result announcement carries a
+batch's result bodies, so that was 4-5% of a caller's CPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,8 +37,34 @@ def fleet_connection(base: type[Any]) -> type[Any]:
     under ``asyncio.timeout``; one subclass per base, made on first use."""
     made = _MADE.get(base)
     if made is None:
-        made = _MADE[base] = _cancel_safe(packed_by_hiredis(base))
+        made = _MADE[base] = _quiet_push(_cancel_safe(packed_by_hiredis(base)))
     return made
+
+
+_QUIET: dict[type[Any], type[Any]] = {}
+
+
+def quiet_parser(parser_class: type[Any]) -> type[Any]:
+    """``parser_class`` (a redis-py asyncio parser) handing a pub/sub message on as it
+    came, without formatting it for a debug line first; one subclass per class."""
+    made = _QUIET.get(parser_class)
+    if made is None:
+        class QuietPush(parser_class):  # type: ignore[misc]
+            async def handle_pubsub_push_response(self, response: Any) -> Any:
+                return response
+
+        QuietPush.__name__ = QuietPush.__qualname__ = f"Quiet{parser_class.__name__}"
+        made = _QUIET[parser_class] = QuietPush
+    return made
+
+
+def _quiet_push(base: type[Any]) -> type[Any]:
+    class QuietPushConnection(base):  # type: ignore[misc]
+        def set_parser(self, parser_class: type[Any]) -> None:
+            super().set_parser(quiet_parser(parser_class))
+
+    QuietPushConnection.__name__ = QuietPushConnection.__qualname__ = base.__name__
+    return QuietPushConnection
 
 
 def _cancel_safe(base: type[Any]) -> type[Any]:

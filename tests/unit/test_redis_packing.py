@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis._parsers import _AsyncHiredisParser, _AsyncRESP3Parser
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
@@ -95,3 +96,21 @@ async def test_every_connection_of_a_client_packs_with_hiredis() -> None:
         cls = client.connection_pool.connection_class
         assert cls is fleet_connection(base) and issubclass(cls, packed_by_hiredis(base))
         await client.aclose()
+
+
+class _Unprintable(list[Any]):
+    """A pub/sub message that fails the test if anything formats it."""
+
+    def __str__(self) -> str:
+        raise AssertionError("a pub/sub message was formatted")
+
+    __repr__ = __str__
+
+
+@pytest.mark.parametrize("parser", [_AsyncHiredisParser, _AsyncRESP3Parser])
+async def test_a_pubsub_message_is_handed_on_without_being_formatted(parser: Any) -> None:
+    """redis-py 8.1 builds ``"Push response: " + str(message)`` for each one, at any log
+    level (redis/redis-py#4230); a fleet connection's parser hands it on as it came."""
+    conn = fleet_connection(Connection)(parser_class=parser, protocol=3)
+    message = _Unprintable([b"message", b"bf:notify:c1", b"payload"])
+    assert await conn._parser.handle_push_response(message) is message
