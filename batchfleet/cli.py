@@ -282,7 +282,8 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
             raise fail("--processes runs from the batchfleet command line only")
         options = sys.argv[sys.argv.index("worker", 1) + 1:]
         raise typer.Exit(run_group(options, process.processes, settings.worker_id,
-                                   settings.metrics_port))
+                                   settings.metrics_port, settings.metrics_host,
+                                   settings.grace_s))
 
     # OpenMP reads these once, when torch loads it: set them before anything imports torch.
     # PASSIVE: idle torch threads sleep instead of spinning on cores the event loop needs.

@@ -561,6 +561,7 @@ class ProcessSettings:
         show="torch's", panel="Process"))
     processes: int = field(default=1, metadata=opt(
         "Run this many worker processes from this command, each its own consumer (worker "
-        "ID suffixed -1..-N; metrics port P+0..P+N-1); one exiting stops the group. On a "
-        "GPU, two or more share it, each with its own interpreter (docs/operations.md).",
+        "ID suffixed -1..-N; metrics port P+0..P+N-1); one exiting, or with a fixed "
+        "--metrics-port one not answering /healthz, stops the group. On a GPU, two or more "
+        "share it, each with its own interpreter (docs/operations.md).",
         parse=_positive_int, panel="Process"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 from batchfleet import Client
 from batchfleet.bench.procstat import children
 from batchfleet.connectors.heartbeats import HeartbeatProbe
+from batchfleet.group_health import EXIT_UNRESPONSIVE, INTERVAL_S, answers
 from batchfleet.schemas.names import Names
 from batchfleet.worker_group import child_args, group_exit_code
 
@@ -45,6 +47,21 @@ def _wait_ready(redis_url: str, parent: subprocess.Popen[bytes], tmp_path: Path)
             time.sleep(0.1)
     finally:
         probe.close()
+
+
+def _two_free_ports() -> int:
+    """A port P with P + 1 free too (the group's processes take P and P + 1)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise AssertionError("no two free ports in a row")
 
 
 def _children(parent: subprocess.Popen[bytes]) -> list[int]:
@@ -123,3 +140,34 @@ def test_a_start_up_error_ends_the_group_with_its_code(redis_url: str) -> None:
     assert proc.returncode == 2, proc.stderr  # a setting is wrong, as for one worker
     assert "cannot import nosuchmod:build" in proc.stderr
     assert "of 2 exited with code 2; stopping the others" in proc.stderr
+
+
+def test_a_process_that_stops_answering_healthz_stops_the_group(redis_url: str,
+                                                                tmp_path: Path) -> None:
+    """The orchestrator's probe reaches only the first process's port: the parent watches
+    the rest. A process frozen (SIGSTOP: its loop turns no more, as behind a blocking
+    call) is found by its misses, the group stops with 75, and the frozen one, which
+    cannot drain, is killed past --grace-s plus the margin."""
+    port = _two_free_ports()
+    parent = _start(redis_url, tmp_path, "--metrics-port", str(port), "--grace-s", "1")
+    try:
+        _wait_ready(redis_url, parent, tmp_path)
+        deadline = time.monotonic() + 60
+        while not all(answers("127.0.0.1", p, 2.0) for p in (port, port + 1)):
+            assert time.monotonic() < deadline, "the processes never answered /healthz"
+            time.sleep(0.2)
+        # the parent counts misses only for a process it has seen answer (one that never
+        # did is starting): let one round of its checks pass before freezing one
+        time.sleep(INTERVAL_S + 2)
+        first, second = _children(parent)
+        os.kill(second, signal.SIGSTOP)
+        assert parent.wait(90) == EXIT_UNRESPONSIVE, (tmp_path / "group.log").read_text()[-3000:]
+        assert _gone(first) and _gone(second)
+        log = (tmp_path / "group.log").read_text()
+        assert (f"worker process 2 of 2 stopped answering /healthz on port {port + 1} "
+                f"(3 checks in a row); stopping the group") in log
+        assert "worker process 2 of 2 did not stop within 16 s; killing it" in log
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
