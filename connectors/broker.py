@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from batchfleet.connectors.values import Ownership, StorePressure, SubmitState
+from batchfleet.connectors.values import Ownership, StorePressure, SubmitState, TerminalWrite
 from batchfleet.schemas.errors import ConfigError
 
 
@@ -157,6 +157,28 @@ class CombinedSubmit(Protocol):
 
     def one_trip(self, plane: Any) -> OneTrip | None:
         """The one-trip submit over ``plane``, or None where it does not apply."""
+        ...
+
+
+class FinishTrip(Protocol):
+    """Writes a batch's terminal results and acks its deliveries in one call
+    (``CombinedFinish``)."""
+
+    async def write_and_ack(self, writes: Sequence[TerminalWrite],
+                            deliveries: Sequence[Delivery]) -> list[bool]:
+        """The result store's ``write_terminal`` (True where this call's write won), then
+        the consumer's ``ack`` of ``deliveries``, only once every write has landed."""
+        ...
+
+
+@runtime_checkable
+class CombinedFinish(Protocol):
+    """A broker whose consumer can ack inside the control plane's terminal write, where
+    the plane lives on the broker's own server (single-node Redis)."""
+
+    def one_trip_finish(self, plane: Any, consumer: Consumer) -> FinishTrip | None:
+        """The one-trip finish over ``plane`` for ``consumer``, or None where it does not
+        apply."""
         ...
 
 

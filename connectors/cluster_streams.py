@@ -40,6 +40,7 @@ from batchfleet.connectors.broker import Delivery, OutboundMessage
 from batchfleet.connectors.cluster_store import slot_groups
 from batchfleet.connectors.errors import wrap_errors
 from batchfleet.connectors.redis_streams import (
+    ACK_DEL_SCRIPT,
     XADD_MANY_SCRIPT,
     RedisStreamsConsumer,
     RedisStreamsPublisher,
@@ -55,10 +56,6 @@ EPOCH_CHECK_S = 1.0
 
 log = structlog.get_logger("batchfleet.redis_streams")
 
-ACK_DEL_SCRIPT = """
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
-return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
-"""
 
 
 class ClusterStreamsPublisher(RedisStreamsPublisher):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchfleet.connectors.broker import Consumer, OneTrip, Publisher
+from batchfleet.connectors.broker import Consumer, FinishTrip, OneTrip, Publisher
 from batchfleet.connectors.redis_client import is_cluster_url, redis_client
 from batchfleet.connectors.redis_streams import RedisStreamsConsumer, RedisStreamsPublisher
 from batchfleet.connectors.values import DEFAULT_POOL_TIMEOUT_S
@@ -51,6 +51,19 @@ class RedisBroker:
         if (isinstance(plane, RedisControlPlane) and plane.url == self.url
                 and type(plane.results) is ResultStore and not self.cluster):
             return OneTripSubmit(plane.results, self.max_stream_len)
+        return None
+
+    def one_trip_finish(self, plane: Any, consumer: Consumer) -> FinishTrip | None:
+        """The terminal write and the ack in one script call, on the same conditions as
+        :meth:`one_trip`, for a consumer this broker made (``connectors.redis_finish``)."""
+        from batchfleet.connectors.redis_finish import OneTripFinish
+        from batchfleet.connectors.redis_plane import RedisControlPlane
+        from batchfleet.connectors.result_store import ResultStore
+
+        if (isinstance(plane, RedisControlPlane) and plane.url == self.url
+                and type(plane.results) is ResultStore and not self.cluster
+                and type(consumer) is RedisStreamsConsumer):
+            return OneTripFinish(plane.results, consumer.group)
         return None
 
     def consumer(self, consumer_name: str) -> Consumer:

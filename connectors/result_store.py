@@ -121,7 +121,9 @@ return out
 #: read). Building the array here, and unpacking a tuple per write, cost Redis more than
 #: the writes; the caller's msgpack does both in C. A write that lost is left out of its
 #: channel's message, which is then rebuilt from the winners (rare: a redelivery).
-_WRITE_TERMINAL = INDEXED_FN + """
+#: ``WRITE_TERMINAL_BODY`` leaves ``out`` (1 where the write won) for its caller to
+#: return: ``connectors.redis_finish`` appends the batch's ack first.
+WRITE_TERMINAL_BODY = INDEXED_FN + """
 -- msgpack headers by hand: cmsgpack would send bodies as str, not bin
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
 local function u32(n) return string.char(math.floor(n / 16777216), math.floor(n / 65536) % 256,
@@ -185,8 +187,8 @@ end
 for ci, ids in pairs(id_lists) do
   redis.call('PUBLISH', channels[ci], table.concat(ids, ','))
 end
-return out
 """
+_WRITE_TERMINAL = WRITE_TERMINAL_BODY + "return out\n"
 
 #: ARGV[i + 1] < 0: only read (a first delivery that needs its generation checked).
 COUNT_DELIVERIES_SCRIPT = """
@@ -391,6 +393,13 @@ class ResultStore:
         if len(writes) > MAX_INDEXED:  # two bytes index the kinds
             return [won for start in range(0, len(writes), MAX_INDEXED)
                     for won in await self.write_terminal(writes[start:start + MAX_INDEXED])]
+        keys, args = self.terminal_call(writes)
+        with wrap_errors(ResultStoreError, "cannot write results"):
+            won = await self._write_terminal(keys=keys, args=args)
+        return [bool(x) for x in won]
+
+    def terminal_call(self, writes: Sequence[TerminalWrite]) -> tuple[list[str], list[Any]]:
+        """``WRITE_TERMINAL_BODY``'s keys and arguments for at most ``MAX_INDEXED`` writes."""
         result_key = self._names.result
         keys = [result_key(w.request_id) for w in writes]
         kinds, channels, codes, announcements = terminal_meta(writes,
@@ -398,9 +407,7 @@ class ResultStore:
         args: list[Any] = [self.ttl_s, msgpack.packb((list(kinds), channels)), codes,
                            self._inflight_prefix, self._id_offset,
                            *(w.body for w in writes), *announcements]
-        with wrap_errors(ResultStoreError, "cannot write results"):
-            won = await self._write_terminal(keys=keys, args=args)
-        return [bool(x) for x in won]
+        return keys, args
 
     async def count_deliveries(self, counted: Sequence[tuple[str, int]]
                                ) -> list[DeliveryCount]:

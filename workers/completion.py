@@ -9,7 +9,8 @@ failure policies' terminal failures, middleware that answer early).
 This is the one path where losing work is possible, so it is strict:
 failures go through the failure policy (retry schedule, DLQ) first, results
 are written in one Lua call per batch, and the broker ack happens only after
-both succeeded. If the store is down, each step is retried with backoff until
+both succeeded (inside that same call where the broker offers it:
+``connectors.CombinedFinish``). If the store is down, each step is retried with backoff until
 it lands or the worker is stopped hard; the deliveries then stay unacked and
 are redelivered, never dropped.
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
-from batchfleet.connectors.broker import Consumer, Delivery
+from batchfleet.connectors.broker import Consumer, Delivery, FinishTrip
 from batchfleet.connectors.control_plane import StoreResults, UndecodableLetters
 from batchfleet.connectors.values import TerminalWrite, Undecodable
 from batchfleet.schemas.envelopes import (
@@ -151,9 +152,14 @@ def ack_plan(answers: Sequence[Answer], won: Sequence[bool], parked: Sequence[De
     ok: list[Delivery] = []
     refused: list[Delivery] = []
     for answer, first in zip(answers, won, strict=True):
-        trusted = 0 <= answer.generation <= MAX_EXACT_INT
-        (ok if first or trusted else refused).append(answer.delivery)
+        (ok if first or refusal_trusted(answer) else refused).append(answer.delivery)
     return [*ok, *parked, *superseded], refused
+
+
+def refusal_trusted(answer: Answer) -> bool:
+    """The store compares this answer's generation exactly, so a refused write proves the
+    request is terminal or superseded: its delivery may be acked whatever the outcome."""
+    return 0 <= answer.generation <= MAX_EXACT_INT
 
 
 def storable(answer: Answer) -> Answer:
@@ -218,7 +224,11 @@ class ResultWriter:
         hooks: WriteHooks | None = None,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 2.0,
+        finish: FinishTrip | None = None,
     ) -> None:
+        #: The write and the ack in one call, where the broker offers it
+        #: (``connectors.CombinedFinish``); None: a write, then an ack.
+        self._finish = finish
         self._store = store
         self._consumer = consumer
         self._dead_letters = dead_letters
@@ -260,8 +270,13 @@ class ResultWriter:
             # idempotent per (request, generation) and delivers the result *stored* by then,
             # so a duplicate or a losing write never sends a second or a wrong result.
             await self.retrying("enqueue webhooks", self._hooks.before_write, hooked)
-        won = await self.retrying("write results", self._store.write_terminal, writes)
-        to_ack, refused = ack_plan(all_answers, won, settled.rescheduled, settled.superseded)
+        if self._finish is not None and writes:
+            won, to_ack = await self._write_and_ack(self._finish, all_answers, writes, settled)
+            _, refused = ack_plan(all_answers, won)
+        else:
+            won = await self.retrying("write results", self._store.write_terminal, writes)
+            to_ack, refused = ack_plan(all_answers, won, settled.rescheduled,
+                                       settled.superseded)
         if refused:
             log.error("not acking deliveries with no durable outcome; they will be redelivered",
                       request_ids=[a.result.request_id for a in all_answers
@@ -270,6 +285,21 @@ class ResultWriter:
         await self._ack(to_ack)
         return Completed(all_answers, won, settled.rescheduled, settled.dead_lettered,
                          settled.superseded, refused)
+
+    async def _write_and_ack(self, finish: FinishTrip, answers: Sequence[Answer],
+                             writes: list[TerminalWrite], settled: Disposition
+                             ) -> tuple[list[bool], list[Delivery]]:
+        """The write with, in the same call, the ack of every delivery :func:`ack_plan`
+        acks whatever the write's outcome; returns the outcomes and the deliveries that
+        still need an ack (an untrusted generation whose write won: none in practice,
+        since :func:`storable` makes every generation exact)."""
+        sure = [a.delivery for a in answers if refusal_trusted(a)]
+        sure += [*settled.rescheduled, *settled.superseded]
+        won = await self.retrying(
+            "write results and ack", lambda w: finish.write_and_ack(w, sure), writes)
+        self._release(sure)
+        return won, [a.delivery for a, first in zip(answers, won, strict=True)
+                     if first and not refusal_trusted(a)]
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Ack deliveries that need no result written: theirs is terminal already, or a

@@ -140,8 +140,11 @@ class Worker(DefaultViews):
         self.publisher = broker.publisher()
         policy = self.hooks.failure_policy(self._failure_policy or default_policy(s, plane))
         # the chain is the writer's write hooks: it fans out to every middleware
+        # one round trip for the write and the ack where the broker's server holds both
+        finish = (broker.one_trip_finish(plane, self.consumer)
+                  if isinstance(broker, connectors.CombinedFinish) else None)
         self.writer = ResultWriter(store, self.consumer, plane.undecodable, policy,
-                                   hooks=self.hooks)
+                                   hooks=self.hooks, finish=finish)
         self.context = ctx = self._context(plane)
         try:
             await self.hooks.on_start(ctx)

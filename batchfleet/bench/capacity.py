@@ -110,15 +110,16 @@ def predict_commands(n: int, batches: int, clients: int = 1) -> dict[str, float]
 
     submit, per chunk of C: 1 EVALSHA of the one-trip submit (per request HSETNX, one
     HSET of gen/body/notify, EXPIRE, XADD: ``connectors.redis_submit``, the results and the
-    streams on one node), 1 admission pipeline (INFO memory + XLEN). write, per batch:
-    1 EVALSHA (HMGET, HSET, EXPIRE per request; 1 PUBLISH per client). ack, per batch:
-    MULTI, XACK, XDEL, EXEC. read: nothing (the announcement carries the bodies).
+    streams on one node), 1 admission pipeline (INFO memory + XLEN). write and ack, per
+    batch: 1 EVALSHA (HMGET, HSET, EXPIRE per request; 1 PUBLISH per client; then XACK
+    and XDEL: ``connectors.redis_finish``), so no MULTI or EXEC. read: nothing (the
+    announcement carries the bodies).
     Fetches (XREADGROUP) are bounded separately."""
     chunks = chunks_of(n, clients)
     return {
         "evalsha": chunks + batches, "hsetnx": n, "hset": 2 * n, "expire": 2 * n,
-        "xadd": n, "hmget": n, "publish": batches, "multi": batches, "xack": batches,
-        "xdel": batches, "exec": batches, "info": chunks, "xlen": chunks,
+        "xadd": n, "hmget": n, "publish": batches, "multi": 0, "xack": batches,
+        "xdel": batches, "exec": 0, "info": chunks, "xlen": chunks,
     }
 
 
@@ -161,7 +162,7 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
         bulk(sizes.result_key) + bulk(sizes.pending) + 2  # submit: record
         + bulk(sizes.request)  # and payload
         + bulk(sizes.result_key) + bulk(sizes.result) + 2 + announced  # write_terminal
-        + 2 * entry)  # XACK + XDEL
+        + entry)  # the ack's entry ID, once for XACK and XDEL
     evalsha = command(7, 40, 4, 5)  # EVALSHA sha numkeys ttl, ~
     kind_pending = 1 + 1 + 1 + _str_h(16) + 16 + 1  # ["", "", client_id, stream index]
     kind_write = 1 + 1 + len("succeeded") + 1 + 1 + 1  # [status, channel, gen, pairs]
@@ -171,8 +172,8 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
                  + command(4, 6) + command(4, stream))  # admission: INFO memory, XLEN
     per_batch = (evalsha + bulk(meta_write) + bulk(0) + bulk(sizes.inflight_prefix)
                  + bulk(2) + bulk(3)  # write_terminal: + the ID offset, the array header
-                 + command(5) + command(4, stream, group) + command(4, stream)
-                 + command(4))  # MULTI XACK XDEL EXEC
+                 + bulk(group) + bulk(stream) + bulk(len(str(n // max(batches, 1)))))
+    # the ack: group, stream, its ID count
     per_fetch = command(10, 5, group, CONSUMER_BYTES, 5, 4, 5, 3, 7, stream, stream - 7,
                         1, 1)  # both lanes of the model
     into += (chunks * per_chunk + batches * per_batch + fetches * per_fetch) / n
@@ -180,7 +181,7 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
         4 + 4  # submit and write_terminal replies, one integer per key
         + 4 + entry + 4 + bulk(1) + bulk(sizes.request)  # XREADGROUP entry
         + _str_h(rid) + rid + _bin_h(sizes.result) + sizes.result)  # PUBLISH payload
-    out += (batches * (37 + 6 + 4 + bulk(7) + bulk(sizes.channel) + 9)  # replies, message
+    out += (batches * (6 + 4 + bulk(7) + bulk(sizes.channel) + 9)  # reply, message
             + fetches * (12 + bulk(stream))  # XREADGROUP reply head
             + chunks * INFO_MEMORY_BYTES) / n
     return {"in": into, "out": out}

@@ -52,7 +52,7 @@ from batchfleet.schemas.names import LANE_INTERACTIVE, RESULT_TAGS, Names, resul
 PUT_PENDING_BYTES = len(result_store.PUT_PENDING_SCRIPT)
 WRITE_BYTES = len(cluster_store.WRITE_TERMINAL_SLOT_SCRIPT)
 XADD_BYTES = len(redis_streams.XADD_MANY_SCRIPT)
-ACK_BYTES = len(cluster_streams.ACK_DEL_SCRIPT)
+ACK_BYTES = len(redis_streams.ACK_DEL_SCRIPT)
 #: Commands the request paths no longer use on a cluster (predicted 0).
 GONE = ("evalsha", "publish", "multi", "exec")
 

@@ -62,7 +62,7 @@ def _check_reads(found: dict[str, Any]) -> None:
 async def test_each_path_costs_what_the_model_says(redis_url: str) -> None:
     """One client, a backlog deep enough for full batches: submit costs 1 script call
     per 1,000-request chunk and 4 writes + 1 XADD per request; each batch 1 result
-    script (1 PUBLISH), 1 MULTI/XACK/XDEL/EXEC; waits on its own requests read nothing."""
+    script (1 PUBLISH, then XACK + XDEL; no MULTI/EXEC); waits on its own requests read nothing."""
     found = await measure_capacity(CapacityPlan(requests=3000, queued=1000,
                                                 redis_url=redis_url))
     assert found["succeeded"] == found["requests"] == 3000

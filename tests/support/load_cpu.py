@@ -8,7 +8,7 @@ An embedded Redis and one real demo-mlp worker process (``max_batch_size`` 256,
 with the bench's open loop (``submit_many`` per tick, or one ``submit()`` per arrival
 with ``--per-arrival``) and prints, per rate: the CPU per request of the worker's event
 loop, of its other threads, of Redis and of this client (each thread's nanosecond
-``schedstat``), the worker's fetches (``XREADGROUP``) and batches (its ack's ``EXEC``)
+``schedstat``), the worker's fetches (``XREADGROUP``) and batches (its ack's ``XACK``)
 per request from ``INFO commandstats``, the mean batch, and fleet- and caller-side
 p50/p99. With ``--closed``, a fresh worker per ``max_batch_size`` is kept saturated by
 four lanes of 256-request ``submit_many`` and the loop's CPU per batch and per request
@@ -76,7 +76,7 @@ async def _phase(client: AsyncClient, raw: aioredis.Redis, worker_pid: int, redi
     us = 1e6 / n
     return (f"{rate:6.0f}/s: worker loop {loop_s * us:6.1f}, other threads {other_s * us:5.1f}, "
             f"redis {redis_s * us:5.1f}, client {client_s * us:6.1f} us/request; "
-            f"fetches {per_request('xreadgroup'):.3f}, batches {per_request('exec'):.4f} "
+            f"fetches {per_request('xreadgroup'):.3f}, batches {per_request('xack'):.4f} "
             f"per request, mean batch {batch:.1f}; fleet p50/p99 "
             f"{np.percentile(fleet_ms, 50):.1f}/{np.percentile(fleet_ms, 99):.1f} ms, caller "
             f"{np.percentile(caller, 50):.1f}/{np.percentile(caller, 99):.1f} ms")
