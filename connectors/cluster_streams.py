@@ -57,7 +57,6 @@ EPOCH_CHECK_S = 1.0
 log = structlog.get_logger("batchfleet.redis_streams")
 
 
-
 class ClusterStreamsPublisher(RedisStreamsPublisher):
     async def publish(self, messages: Sequence[OutboundMessage]) -> None:
         if not messages:

@@ -5,10 +5,10 @@ The general path makes two calls per batch: the first-wins terminal write on the
 store, then ``XACK`` + ``XDEL`` on the broker, because the two may be different servers
 (or a cluster, or Kafka). When they are the same single node, one script does both, in
 that order: the ack runs only once every write in the call has landed, inside the same
-atomic script, so no other client ever sees a message acked whose result is not stored
-(the two-call path allows that window only the other way round, stored but not yet
-acked, which redelivery heals). A worker's loop sleeps and wakes once per round trip,
-and on a small machine the wake-up costs more CPU than the command (docs/performance.md).
+atomic script. That also closes the two-call path's window between the two (stored but
+not yet acked, where a crash means a redelivery that first-wins absorbs). A worker's
+loop sleeps and wakes once per round trip, and on a small machine the wake-up costs more
+CPU than the command (docs/performance.md).
 
 A retry after a lost reply runs the script again: the writes are first-wins (they report
 "lost" the second time, as a redelivery's would) and acking or deleting an entry twice

@@ -172,8 +172,8 @@ def predict_bytes(n: int, batches: int, sizes: Sizes, fetches: int, clients: int
                  + command(4, 6) + command(4, stream))  # admission: INFO memory, XLEN
     per_batch = (evalsha + bulk(meta_write) + bulk(0) + bulk(sizes.inflight_prefix)
                  + bulk(2) + bulk(3)  # write_terminal: + the ID offset, the array header
-                 + bulk(group) + bulk(stream) + bulk(len(str(n // max(batches, 1)))))
-    # the ack: group, stream, its ID count
+                 + bulk(group) + bulk(stream)  # its ack: the group, the stream
+                 + bulk(len(str(n // max(batches, 1)))))  # and its count of entry IDs
     per_fetch = command(10, 5, group, CONSUMER_BYTES, 5, 4, 5, 3, 7, stream, stream - 7,
                         1, 1)  # both lanes of the model
     into += (chunks * per_chunk + batches * per_batch + fetches * per_fetch) / n

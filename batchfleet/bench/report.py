@@ -248,10 +248,21 @@ def profile_table(report: dict[str, Any], top: int = 10) -> str:
     return "\n\n".join(parts)
 
 
+def _host_line(meta: dict[str, Any]) -> str:
+    """The host-speed probe and the stolen CPU (``bench.host_speed``): what two runs
+    must agree on before their absolute figures are compared."""
+    if "host_speed_us_start" not in meta:  # a report from before they were recorded
+        return ""
+    return (f" Host speed probe: {meta['host_speed_us_start']:,.0f} us at the start and "
+            f"{meta.get('host_speed_us_end', 0.0):,.0f} us at the end (fixed single-threaded "
+            "work on the idle machine; lower is faster, compare runs by it); CPU stolen by "
+            f"the hypervisor during the run: {meta.get('steal_pct', 0.0):.1f}%.")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     meta = report.get("meta", {})
     head = (f"# batchfleet bench{' (quick)' if meta.get('quick') else ''}\n\n"
-            f"{meta.get('machine', '')}\n")
+            f"{meta.get('machine', '')}{_host_line(meta)}\n")
     other = meta.get("max_other_cores") or 0.0
     if other > BUSY_OTHER_CORES:
         head += (f"\n**Warning: the machine was busy.** Processes outside the bench used up "

@@ -28,6 +28,7 @@ from batchfleet.bench.cache_row import run_cache_row
 from batchfleet.bench.ceiling import model_ceiling
 from batchfleet.bench.fleet import Services, new_namespace, services
 from batchfleet.bench.flood import run_flood
+from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct
 from batchfleet.bench.naive_rq import naive_rq
 from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, BenchPlan
 from batchfleet.bench.profiling import py_spy, summarize
@@ -128,6 +129,16 @@ def max_other_cores(report: dict[str, Any]) -> float:
         utils += [p.get("cpu_util", {}) for p in s["latency"]]
     return round(max((u.get("other", 0.0) for u in utils), default=0.0), 2)
 
+
+def closing_meta(report: dict[str, Any], ticks_start: tuple[int, int], began: float
+                 ) -> dict[str, Any]:
+    """What the run's end adds to its machine record: the load, the host's speed and the
+    CPU stolen meanwhile (``bench.host_speed``), the most CPU outside the bench, the time."""
+    return {"loadavg_end": [round(v, 2) for v in os.getloadavg()],
+            "host_speed_us_end": speed_probe_us(),
+            "steal_pct": steal_pct(ticks_start, cpu_ticks()),
+            "max_other_cores": max_other_cores(report),
+            "elapsed_s": round(time.monotonic() - began, 1)}
 
 
 def _save(plan: BenchPlan, report: dict[str, Any], complete: bool) -> None:
@@ -258,8 +269,10 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
     # --torch-threads sets both (OMP_NUM_THREADS for the workers).
     threads = plan.torch_threads or torch.get_num_threads()
     worker_env = (("OMP_NUM_THREADS", str(threads)),) if plan.torch_threads else ()
+    ticks_start = cpu_ticks()
     report: dict[str, Any] = {"meta": machine_meta(plan, threads),
                               "plan": finite(json.loads(json.dumps(asdict(plan), default=str)))}
+    report["meta"]["host_speed_us_start"] = speed_probe_us()
     report["ceilings"] = {}
     for m in plan.models:
         say(f"model alone: {m.model} at batch {m.max_batch_size}, {threads} torch threads")
@@ -313,9 +326,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
 
         report["plot"] = str(plot_sweep(report["sweep"], plan.plot_path, _plot_title(report)))
     report["tracing_unset"] = tracing_unset_cost()
-    report["meta"]["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
-    report["meta"]["max_other_cores"] = max_other_cores(report)
-    report["meta"]["elapsed_s"] = round(time.monotonic() - began, 1)
+    report["meta"].update(closing_meta(report, ticks_start, began))
     report["targets"] = [t.as_dict() for t in evaluate(report)]
     report = finite({**report, "complete": True})
     _save(plan, report, complete=True)

@@ -153,6 +153,9 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
 
     assert report["meta"]["cpus"] >= 1 and report["meta"]["torch_threads"] >= 1
+    meta = report["meta"]  # the host-speed probe frames the run (bench.host_speed)
+    assert _positive(meta["host_speed_us_start"]) and _positive(meta["host_speed_us_end"])
+    assert 0.0 <= meta["steal_pct"] <= 100.0
     ceiling = report["ceilings"]["demo-mlp"]
     assert ceiling["batch_size"] == 256
     for loop in ("forward", "handler"):
@@ -173,6 +176,7 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
     assert "## Targets" in markdown and "## Latency" in markdown and "## Sweep" in markdown
     assert "broker-only loop: redis" in markdown and "fleet p99 ms" in markdown
     assert "SLO row" in markdown
+    assert "Host speed probe:" in markdown and "stolen by the hypervisor" in markdown
     assert elapsed < 90  # generous: the brief asks for under 60 s on an idle two-core box
 
 
