@@ -40,31 +40,35 @@ class RedisBroker:
                                            self.max_stream_len)
         return RedisStreamsPublisher(redis_client(self.url), self.names, self.max_stream_len)
 
-    def one_trip(self, plane: Any) -> OneTrip | None:
-        """One script call per chunk where the plane is this very (single-node) Redis:
-        not on a cluster (streams and records live in different slots), nor over another
-        server, nor over a plane that is not the built-in Redis one (a wrapper counts)."""
+    def _own_store(self, plane: Any) -> Any:
+        """The plane's result store where the plane is this very (single-node) Redis, else
+        None: not on a cluster (streams and records live in different slots), nor over
+        another server, nor over a plane that is not the built-in Redis one (a wrapper
+        counts)."""
         from batchfleet.connectors.redis_plane import RedisControlPlane
-        from batchfleet.connectors.redis_submit import OneTripSubmit
         from batchfleet.connectors.result_store import ResultStore
 
         if (isinstance(plane, RedisControlPlane) and plane.url == self.url
                 and type(plane.results) is ResultStore and not self.cluster):
-            return OneTripSubmit(plane.results, self.max_stream_len)
+            return plane.results
         return None
+
+    def one_trip(self, plane: Any) -> OneTrip | None:
+        """One script call per chunk where the plane is this very Redis (:meth:`_own_store`)."""
+        from batchfleet.connectors.redis_submit import OneTripSubmit
+
+        store = self._own_store(plane)
+        return None if store is None else OneTripSubmit(store, self.max_stream_len)
 
     def one_trip_finish(self, plane: Any, consumer: Consumer) -> FinishTrip | None:
         """The terminal write and the ack in one script call, on the same conditions as
         :meth:`one_trip`, for a consumer this broker made (``connectors.redis_finish``)."""
         from batchfleet.connectors.redis_finish import OneTripFinish
-        from batchfleet.connectors.redis_plane import RedisControlPlane
-        from batchfleet.connectors.result_store import ResultStore
 
-        if (isinstance(plane, RedisControlPlane) and plane.url == self.url
-                and type(plane.results) is ResultStore and not self.cluster
-                and type(consumer) is RedisStreamsConsumer):
-            return OneTripFinish(plane.results, consumer.group)
-        return None
+        store = self._own_store(plane)
+        if store is None or type(consumer) is not RedisStreamsConsumer:
+            return None
+        return OneTripFinish(store, consumer.group)
 
     def consumer(self, consumer_name: str) -> Consumer:
         if self.cluster:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.errors import wrap_errors
-from batchfleet.connectors.redis_streams import entries_by_stream
+from batchfleet.connectors.redis_streams import ACK_DEL_FN, entries_by_stream
 from batchfleet.connectors.result_store import (
     MAX_INDEXED,
     WRITE_TERMINAL_BODY,
@@ -33,18 +33,13 @@ from batchfleet.schemas.errors import ResultStoreError
 #: After the terminal write's own arguments (``_WRITE_TERMINAL``: 5, the N bodies, one
 #: announcement per channel): the consumer group, then per stream its name, its count of
 #: entry IDs and the IDs. Undeclared keys are fine on the single node this runs on.
-_ACK_TAIL = """
+_ACK_TAIL = ACK_DEL_FN + """
 local a = 6 + n + #channels
 local group = ARGV[a]
 a = a + 1
 while a <= #ARGV do
-  local stream, first = ARGV[a], a + 2
-  local last = first + tonumber(ARGV[a + 1]) - 1
-  for i = first, last, 1000 do
-    local j = math.min(i + 999, last)
-    redis.call('XACK', stream, group, unpack(ARGV, i, j))
-    redis.call('XDEL', stream, unpack(ARGV, i, j))
-  end
+  local last = a + 1 + tonumber(ARGV[a + 1])
+  ack_del(ARGV[a], group, a + 2, last)
   a = last + 1
 end
 return out

@@ -92,18 +92,25 @@ return a - 2 - #KEYS
 """
 
 
-#: XACK and XDEL one stream's entries in one command, atomically (never acked but not
-#: deleted, which would leave a finished entry counted as backlog): KEYS[1] the stream,
-#: ARGV[1] the group, then the entry IDs. Lua's ``unpack`` takes at most a few thousand
-#: values, so the IDs go 1,000 at a time. Shared with the cluster consumer.
-ACK_DEL_SCRIPT = """
-local last = #ARGV
-for i = 2, last, 1000 do
-  local j = math.min(i + 999, last)
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, j))
-  redis.call('XDEL', KEYS[1], unpack(ARGV, i, j))
+#: XACK and XDEL of ARGV[first..last] on one stream, atomically inside its script (never
+#: acked but not deleted, which would leave a finished entry counted as backlog). Lua's
+#: ``unpack`` refuses more than a few thousand values, so the IDs go 1,000 at a time.
+#: Shared: ``ACK_DEL_SCRIPT`` and the write-and-ack script (``connectors.redis_finish``).
+ACK_DEL_FN = """
+local function ack_del(stream, group, first, last)
+  for i = first, last, 1000 do
+    local j = math.min(i + 999, last)
+    redis.call('XACK', stream, group, unpack(ARGV, i, j))
+    redis.call('XDEL', stream, unpack(ARGV, i, j))
+  end
 end
-return last - 1
+"""
+
+#: One stream's ack in one command: KEYS[1] the stream, ARGV[1] the group, then the entry
+#: IDs. Shared with the cluster consumer.
+ACK_DEL_SCRIPT = ACK_DEL_FN + """
+ack_del(KEYS[1], ARGV[1], 2, #ARGV)
+return #ARGV - 1
 """
 
 

@@ -271,8 +271,8 @@ class ResultWriter:
             # so a duplicate or a losing write never sends a second or a wrong result.
             await self.retrying("enqueue webhooks", self._hooks.before_write, hooked)
         if self._finish is not None and writes:
-            won, to_ack = await self._write_and_ack(self._finish, all_answers, writes, settled)
-            _, refused = ack_plan(all_answers, won)
+            won, to_ack, refused = await self._write_and_ack(self._finish, all_answers,
+                                                             writes, settled)
         else:
             won = await self.retrying("write results", self._store.write_terminal, writes)
             to_ack, refused = ack_plan(all_answers, won, settled.rescheduled,
@@ -288,18 +288,23 @@ class ResultWriter:
 
     async def _write_and_ack(self, finish: FinishTrip, answers: Sequence[Answer],
                              writes: list[TerminalWrite], settled: Disposition
-                             ) -> tuple[list[bool], list[Delivery]]:
+                             ) -> tuple[list[bool], list[Delivery], list[Delivery]]:
         """The write with, in the same call, the ack of every delivery :func:`ack_plan`
-        acks whatever the write's outcome; returns the outcomes and the deliveries that
-        still need an ack (an untrusted generation whose write won: none in practice,
-        since :func:`storable` makes every generation exact)."""
+        acks whatever the write's outcome. Returns the outcomes, then, of the answers whose
+        generation the store cannot compare exactly (none in practice, since
+        :func:`storable` makes every generation exact), those that won and still need an
+        ack and those refused, as :func:`ack_plan` splits them."""
         sure = [a.delivery for a in answers if refusal_trusted(a)]
         sure += [*settled.rescheduled, *settled.superseded]
         won = await self.retrying(
             "write results and ack", lambda w: finish.write_and_ack(w, sure), writes)
         self._release(sure)
-        return won, [a.delivery for a, first in zip(answers, won, strict=True)
-                     if first and not refusal_trusted(a)]
+        later: list[Delivery] = []
+        refused: list[Delivery] = []
+        for answer, first in zip(answers, won, strict=True):
+            if not refusal_trusted(answer):
+                (later if first else refused).append(answer.delivery)
+        return won, later, refused
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Ack deliveries that need no result written: theirs is terminal already, or a
