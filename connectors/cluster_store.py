@@ -31,6 +31,7 @@ from batchfleet.connectors.redis_client import is_cluster
 from batchfleet.connectors.result_store import (
     CANCEL_VIEWS_SCRIPT,
     COUNT_DELIVERIES_SCRIPT,
+    EXISTS_EACH_SCRIPT,
     GET_BODIES_SCRIPT,
     GET_RECORDS_SCRIPT,
     MARK_SOLO_SCRIPT,
@@ -226,14 +227,12 @@ class ClusterResultStore(ResultStore):
             return sum(int(n) for n in await pipe.execute())
 
     async def missing(self, request_ids: Sequence[str]) -> list[str]:
-        """One ``EXISTS`` per key, pipelined per node (a multi-key ``EXISTS`` would span slots)."""
+        """One script per slot (a multi-key ``EXISTS`` would span slots)."""
         if not request_ids:
             return []
+        keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
-            pipe = self._redis.pipeline(transaction=False)
-            for rid in request_ids:
-                pipe.exists(self._names.result(rid))
-            found = await pipe.execute()
+            found = await eval_per_slot(self._redis, EXISTS_EACH_SCRIPT, keys, lambda idx: [])
         return [rid for rid, there in zip(request_ids, found, strict=True) if not there]
 
 

@@ -223,6 +223,14 @@ end
 return out
 """
 
+#: Per key: 1 where a record exists, 0 where none does (``missing``). One reply to parse
+#: instead of a pipeline of ``EXISTS``: 2,000 absent IDs cost the client 15 ms that way.
+EXISTS_EACH_SCRIPT = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('EXISTS', key) end
+return out
+"""
+
 #: Per key: {status, owner, fingerprint[, body]}, false for a missing record.
 GET_RECORDS_SCRIPT = """
 local with_body = ARGV[1] == '1'
@@ -355,6 +363,7 @@ class ResultStore:
         self._mark_losses = client.register_script(_MARK_LANE_LOSSES)
         self._withdraw = client.register_script(WITHDRAW_SCRIPT)
         self._get_records = client.register_script(GET_RECORDS_SCRIPT)
+        self._exists_each = client.register_script(EXISTS_EACH_SCRIPT)
         self._cancel_views = client.register_script(CANCEL_VIEWS_SCRIPT)
         self._inflight_prefix = names.inflight_prefix
         #: Where the request ID starts in a result key: one node's keys are a fixed prefix
@@ -543,17 +552,14 @@ class ResultStore:
 
     async def missing(self, request_ids: Sequence[str]) -> list[str]:
         """The IDs without a record. One ``EXISTS`` of them all answers the usual case
-        (none missing) with one integer; only then is each looked at."""
+        (none missing) with one integer; only then is each looked at, in one script."""
         if not request_ids:
             return []
         keys = [self._names.result(rid) for rid in request_ids]
         with wrap_errors(ResultStoreError, "cannot read results"):
             if int(await self._redis.exists(*keys)) == len(keys):
                 return []
-            pipe = self._redis.pipeline(transaction=False)
-            for key in keys:
-                pipe.exists(key)
-            found = await pipe.execute()
+            found = await self._exists_each(keys=keys)
         return [rid for rid, there in zip(request_ids, found, strict=True) if not there]
 
     async def pressure(self) -> RedisPressure:

@@ -5,7 +5,8 @@ client's own channel, one message per client per batch: a wait ends in one hop,
 with no read-back. Pub/sub is at-most-once (a reconnect can lose a message) and
 requests submitted by *another* client are announced on that client's channel,
 so a slow safety poll (``poll_interval_s``, one read of the outstanding IDs)
-covers both cases; after a reconnect every outstanding wait is read once.
+covers both cases; after a reconnect every outstanding wait is read once. The poll
+runs beside the listener, so however long it reads, no announcement waits for it.
 
 The waiter also remembers the IDs its own client has just submitted as new
 (:meth:`expect`): their results will be announced here, so waiting on them
@@ -354,11 +355,9 @@ class ResultWaiter:
                 subscription = await self._announcements.subscribe(self._client_id)
                 self._subscribed.set()
                 backoff = 0.1
-                if reconnect:  # what was announced while away is lost: read every wait now
-                    due = list(self._waiters)
-                    self._resolve(await self.fetch(due, True))
-                reconnect = True
-                await self._pump(subscription)
+                # what was announced while away is lost: every wait is read at once
+                read_all, reconnect = reconnect, True
+                await self._pump(subscription, read_all)
             except ResultStoreError as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
                 self._forget_unannounced()  # announcements may be lost meanwhile: read those
@@ -369,53 +368,72 @@ class ResultWaiter:
                 if subscription is not None:
                     await subscription.close()
 
-    async def _pump(self, subscription: Subscription) -> None:
+    async def _pump(self, subscription: Subscription, read_all: bool) -> None:
+        """Take announcements as they come. The safety poll runs beside them, never in
+        their way: with many outstanding waits it reads for seconds (100,000 IDs took 2 s
+        in the bench), and announcements held behind it reached their callers that late.
+        A poll that fails ends the pump, so the subscription is made again."""
         loop = asyncio.get_running_loop()
         next_poll = loop.time() + self._poll_interval_s
         polls = 0
-        while True:
-            announced = await subscription.next(self._poll_interval_s)
-            if announced:
-                received = time.time() if self.stages is not None else 0.0
-                bodies: list[bytes] = []
-                unreadable: list[str] = []
-                for rid, body in announced:
-                    if body is None:  # the ID alone (a cancel, §8): read it back
-                        if rid in self._waiters:
-                            unreadable.append(rid)
-                        elif self._expected.get(rid, b"") is None:
-                            del self._expected[rid]  # so a later wait reads it at once
-                    elif rid in self._waiters:
-                        bodies.append(body)
-                    elif rid in self._expected:
-                        self._keep(rid, body)  # done before anyone waited: keep it for then
-                decoded = self._decode(bodies, unreadable)
-                self._resolve(decoded)
-                if self.stages is not None:
-                    self.stages.record((r.request_id for r in decoded), received, time.time())
-                if unreadable:
-                    self._resolve(await self.fetch(unreadable, True))
-            if loop.time() >= next_poll:
-                next_poll = loop.time() + self._poll_interval_s
-                polls += 1
-                # Waits on IDs submitted here are announced here: polling them every time
-                # would reread every outstanding ID each second for nothing.
-                # Merged, never forgotten: the hash itself can be lost (evicted, flushed).
-                seen = self._lane_losses
-                losses = {**seen, **{k: max(v, seen.get(k, v))
-                                     for k, v in (await self._store.lane_losses()).items()}}
-                everything = polls % _QUIET_POLL_EVERY == 0 or losses != seen
-                self._lane_losses = losses
-                # Suspected losses are looked at every time, so they end after the grace.
-                due = list(self._waiters) if everything else [
-                    rid for rid in self._waiters
-                    if rid not in self._quiet or rid in self._suspects]
-                if due:
-                    results = await self.fetch(due, True)
-                    self._resolve(results)
-                    await self._check_lost(
-                        [rid for rid, r in zip(due, results, strict=True) if r is None])
+        poll = asyncio.create_task(self._poll(everything=True)) if read_all else None
+        try:
+            while True:
+                announced = await subscription.next(self._poll_interval_s)
+                if announced:
+                    await self._take(announced)
+                if poll is not None and poll.done():
+                    poll.result()
+                    poll = None
+                if poll is None and loop.time() >= next_poll:
+                    next_poll = loop.time() + self._poll_interval_s
+                    polls += 1
+                    poll = asyncio.create_task(self._poll(polls % _QUIET_POLL_EVERY == 0))
+        finally:
+            if poll is not None:
+                await cancel_until_done([poll])
 
+    async def _take(self, announced: Sequence[tuple[str, bytes | None]]) -> None:
+        """Resolve the waits an announcement names; keep what arrived before its wait."""
+        received = time.time() if self.stages is not None else 0.0
+        bodies: list[bytes] = []
+        unreadable: list[str] = []
+        for rid, body in announced:
+            if body is None:  # the ID alone (a cancel, §8): read it back
+                if rid in self._waiters:
+                    unreadable.append(rid)
+                elif self._expected.get(rid, b"") is None:
+                    del self._expected[rid]  # so a later wait reads it at once
+            elif rid in self._waiters:
+                bodies.append(body)
+            elif rid in self._expected:
+                self._keep(rid, body)  # done before anyone waited: keep it for then
+        decoded = self._decode(bodies, unreadable)
+        self._resolve(decoded)
+        if self.stages is not None:
+            self.stages.record((r.request_id for r in decoded), received, time.time())
+        if unreadable:
+            self._resolve(await self.fetch(unreadable, True))
+
+    async def _poll(self, everything: bool) -> None:
+        """The safety poll: read the waits whose announcement may not come (all of them
+        when ``everything``), and end those that look lost past their grace."""
+        # Waits on IDs submitted here are announced here: polling them every time
+        # would reread every outstanding ID each second for nothing.
+        # Merged, never forgotten: the hash itself can be lost (evicted, flushed).
+        seen = self._lane_losses
+        losses = {**seen, **{k: max(v, seen.get(k, v))
+                             for k, v in (await self._store.lane_losses()).items()}}
+        everything = everything or losses != seen
+        self._lane_losses = losses
+        # Suspected losses are looked at every time, so they end after the grace.
+        due = list(self._waiters) if everything else [
+            rid for rid in self._waiters if rid not in self._quiet or rid in self._suspects]
+        if due:
+            results = await self.fetch(due, True)
+            self._resolve(results)
+            await self._check_lost([rid for rid, r in zip(due, results, strict=True)
+                                    if r is None])
 
 def _peek_id(body: bytes) -> str | None:
     """The request ID of a body that does not decode as a result, if it has one."""

@@ -74,6 +74,39 @@ async def test_results_announced_while_the_subscription_is_down_are_read_on_reco
         await store.close()
 
 
+async def test_a_slow_safety_poll_holds_no_announcement(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The poll reads beside the announcements: while one is held inside its first read
+    (as one over 100,000 outstanding IDs takes seconds), an announced result still ends
+    its wait at once. Before, the listener ran the poll itself, so the result waited."""
+    store = open_result_store(redis_url, NAMES)
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_lane_losses = store.lane_losses
+
+    async def held_lane_losses() -> dict[str, int]:
+        entered.set()
+        await release.wait()
+        return await real_lane_losses()
+
+    monkeypatch.setattr(store, "lane_losses", held_lane_losses)
+    waiter = ResultWaiter(control_plane_for(store), NAMES, "me", poll_interval_s=0.1)
+    try:
+        await waiter.start()
+        await store.put_pending([("soon", b"p")])
+        waiter.expect(["soon"])
+        waiting = asyncio.create_task(waiter.wait_many(["soon"], timeout=15))
+        await asyncio.wait_for(entered.wait(), 15)  # a poll is now held mid-read
+        await store.write_terminal([_done("soon")])
+        (result,) = await asyncio.wait_for(waiting, 10)
+        assert result.status == "succeeded"
+        assert not release.is_set()  # answered while the poll was still held
+        assert waiter.body_reads == 0  # by the announcement, not a read
+    finally:
+        release.set()
+        await waiter.close()
+        await store.close()
+
+
 async def test_unexpected_ids_are_read_first(redis_url: str) -> None:
     """An ID this client did not submit (another process's) is found by the first read."""
     store = open_result_store(redis_url, NAMES)
