@@ -72,10 +72,9 @@ def producer_main(conn: Connection, setup: _Setup) -> None:
 async def _serve(conn: Connection, setup: _Setup) -> None:
     from batchfleet.producers import AsyncClient
 
-    # A long safety poll: the open loop registers thousands of not-yet-submitted IDs,
-    # and re-reading all of them every second would load the client, not the fleet.
-    async with AsyncClient(setup.broker, setup.results, namespace=setup.namespace,
-                           poll_interval_s=30.0) as client:
+    # The SDK's defaults, the safety poll's included: every wait is on IDs this client
+    # submitted, which the poll reads only every tenth interval.
+    async with AsyncClient(setup.broker, setup.results, namespace=setup.namespace) as client:
 
         async def phase(command: Any, start_at: Any) -> Any:
             if isinstance(command, _Warm):

@@ -7,8 +7,11 @@ times are drawn up front (exponential gaps) and each arrival does one
 a slow answer never delays the next arrival. Latency runs from the
 *scheduled* arrival time to the moment the result is available at the client,
 so if the client itself falls behind, that lag is charged to latency rather
-than hidden (no coordinated omission). Results are collected by one
-``as_completed`` over the pre-drawn request IDs, running concurrently.
+than hidden (no coordinated omission). Each arrival's task then waits on what it
+submitted (``as_completed`` over its IDs), as a caller does. Until 2026-11-29 one
+``as_completed`` over every pre-drawn ID collected the results from the start: the
+client's safety poll then read tens of thousands of IDs not yet submitted, which cost
+the callers' tail more than the fleet did (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,8 +34,6 @@ from batchfleet.producers.client import new_request_id
 #: rather than waiting, so a client that falls behind would fail instead of queueing.
 #: A submit held back here is still timed from its schedule.
 MAX_CONCURRENT_SUBMITS = 64
-#: Time for the collector to register its waiters before the first arrival.
-_PRIME_S = 0.2
 _DRAIN_TIMEOUT_S = 60.0
 
 
@@ -129,10 +130,6 @@ async def offer(
     duration_s = float(offsets[-1]) if len(offsets) else 0.0
     stages = client.record_stages()
 
-    async def collect() -> None:
-        async for res in client.as_completed(ids, duration_s + _DRAIN_TIMEOUT_S):
-            rows.append(row_of(res, scheduled[res.request_id], time.time(), stages))
-
     slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
 
     async def submit(group: list[int], due: list[float]) -> None:
@@ -148,9 +145,10 @@ async def offer(
             took = (time.time() - began) * 1000.0
             start_lag.extend((began - d) * 1000.0 for d in due)
             submit_ms.extend([took] * len(group))
+        async for res in client.as_completed([ids[i] for i in group],
+                                             duration_s + _DRAIN_TIMEOUT_S):
+            rows.append(row_of(res, scheduled[res.request_id], time.time(), stages))
 
-    collector = asyncio.create_task(collect())
-    await asyncio.sleep(_PRIME_S + len(ids) / 200_000)
     t0 = await start_at()
     await asyncio.sleep(max(0.0, t0 - time.time()))
     cpu0 = time.process_time()
@@ -169,12 +167,7 @@ async def offer(
             scheduled[ids[j]] = due_at[j]
         submits.start(submit(group, [due_at[j] for j in group]))
         i += len(group)
-    try:
-        await submits.wait()
-    except BaseException:
-        collector.cancel()
-        raise
-    await collector
+    await submits.wait()
     return Offered(rows, len(ids), t0, start_lag, submit_ms, time.process_time() - cpu0)
 
 
