@@ -96,10 +96,15 @@ def latency_table(report: dict[str, Any]) -> str:
                          _fmt(fleet.get("p99_ms"), 2), _fmt(p["mean_batch_size"]),
                          _fmt(p.get("client_cpu_us_per_request")),
                          _fmt(p["submit_ms"]["p50"], 2), _fmt(p["start_lag_ms"]["p99"], 2)))
-    return table(("model", "transport", "load / submit style", "offered req/s",
-                  "achieved req/s", "caller p50 ms", "caller p95 ms", "caller p99 ms",
-                  "fleet p50 ms", "fleet p95 ms", "fleet p99 ms", "mean batch",
-                  "client CPU us/req", "submit p50 ms", "client lag p99 ms"), rows)
+    out = table(("model", "transport", "load / submit style", "offered req/s",
+                 "achieved req/s", "caller p50 ms", "caller p95 ms", "caller p99 ms",
+                 "fleet p50 ms", "fleet p95 ms", "fleet p99 ms", "mean batch",
+                 "client CPU us/req", "submit p50 ms", "client lag p99 ms"), rows)
+    if any(s.get("fresh_log_per_phase") for s in report.get("scenarios", [])):
+        out += ("\nOver Kafka each open-loop row ran on fresh topics, with its own worker and "
+                "producers: Tansu's in-memory fetch costs CPU in proportion to the batches "
+                "already in a topic (docs/performance.md, \"Method\").\n")
+    return out
 
 
 def stages_table(report: dict[str, Any]) -> str:
