@@ -101,9 +101,9 @@ def latency_table(report: dict[str, Any]) -> str:
                  "fleet p50 ms", "fleet p95 ms", "fleet p99 ms", "mean batch",
                  "client CPU us/req", "submit p50 ms", "client lag p99 ms"), rows)
     if any(s.get("fresh_log_per_phase") for s in report.get("scenarios", [])):
-        out += ("\nOver Kafka each open-loop row ran on fresh topics, with its own worker and "
+        out += ("\n\nOver Kafka each open-loop row ran on fresh topics, with its own worker and "
                 "producers: Tansu's in-memory fetch costs CPU in proportion to the batches "
-                "already in a topic (docs/performance.md, \"Method\").\n")
+                "already in a topic (docs/performance.md, \"Method\").")
     return out
 
 
