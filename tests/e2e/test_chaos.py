@@ -25,6 +25,8 @@ from tests.support.models import CRASH, POISON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MODEL = "poison=tests.support.models:poison_model"
+#: The same model at 10 ms a batch, for runs whose disruptions are tied to the backlog.
+PACED_MODEL = "poison=tests.support.models:paced_poison_model"
 
 
 @pytest.fixture
@@ -34,14 +36,15 @@ def durable_redis() -> Iterator[EmbeddedRedis]:
         yield server
 
 
-def _worker(url: str, *extra: str) -> WorkerProcess:
-    return WorkerProcess(url, models=(MODEL,), extra_args=(
+def _worker(url: str, *extra: str, model: str = MODEL) -> WorkerProcess:
+    return WorkerProcess(url, models=(model,), extra_args=(
         "--claim-idle-ms", "500", "--retry-base-s", "0.05", "--retry-cap-s", "0.2",
         "--max-batch-size", "32", *extra))
 
 
 async def _wait_all(client: AsyncClient, ids: list[str], timeout: float,
-                    keep_alive: list[WorkerProcess] | None = None, *extra: str) -> list[Result]:
+                    keep_alive: list[WorkerProcess] | None = None, *extra: str,
+                    model: str = MODEL) -> list[Result]:
     """Wait for every result; restart any worker that died meanwhile (a supervisor's job)."""
     waiting = asyncio.create_task(client.wait_many(ids, timeout=timeout))
     restarts = 0
@@ -49,7 +52,8 @@ async def _wait_all(client: AsyncClient, ids: list[str], timeout: float,
         for i, proc in enumerate(keep_alive or []):
             if not proc.alive:
                 restarts += 1
-                keep_alive[i] = _worker(proc.broker, *extra).start()  # type: ignore[index]
+                keep_alive[i] = _worker(proc.broker, *extra,  # type: ignore[index]
+                                        model=model).start()
         await asyncio.sleep(0.2)
     return waiting.result()
 
@@ -146,7 +150,8 @@ async def test_chaos_run_on_redis_every_request_ends_exactly_once(
     poison = sorted(rng.sample(range(n), n // 50))
     rows[poison, 0] = POISON
     extra = ("--quarantine-after", "10", "--max-attempts", "3")
-    workers = [_worker(url, *extra).start() for _ in range(2)]
+    # paced: on a fast host the plain model drained the backlog between two looks
+    workers = [_worker(url, *extra, model=PACED_MODEL).start() for _ in range(2)]
     stream = Names("bf").stream("poison", LANE_INTERACTIVE)
     kill_at = [0.9, 0.7, 0.5, 0.3]  # fractions of the backlog still queued
     kills_mid_run, redis_crashes = 0, 0
@@ -156,7 +161,8 @@ async def test_chaos_run_on_redis_every_request_ends_exactly_once(
             await asyncio.to_thread(w.wait_ready)
         async with AsyncClient(url) as client:
             ids = await client.submit_many("poison", rows)
-            waiting = asyncio.create_task(_wait_all(client, ids, 180, workers, *extra))
+            waiting = asyncio.create_task(_wait_all(client, ids, 180, workers, *extra,
+                                                    model=PACED_MODEL))
             started = time.monotonic()
             while kill_at and not waiting.done():
                 backlog = await _backlog(probe, stream)

@@ -18,13 +18,17 @@ CRASH = -777.0
 
 
 class PoisonSensitive(nn.Module):
-    """demo-mlp, except that any batch containing a poison row raises."""
+    """demo-mlp, except that any batch containing a poison row raises; with ``pace_s``,
+    each batch also takes that long, so a run lasts long enough to be disrupted."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace_s: float = 0.0) -> None:
         super().__init__()
         self.inner = build_mlp()
+        self.pace_s = pace_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pace_s:
+            time.sleep(self.pace_s)
         if bool((x[:, 0] == POISON).any()):
             raise RuntimeError("poison input in batch")
         if bool((x[:, 0] == CRASH).any()):
@@ -41,6 +45,14 @@ class WrongCount(nn.Module):
 
 def poison_model() -> TorchModuleHandler:
     return TorchModuleHandler("poison", PoisonSensitive(),
+                              input_spec=TensorSpec("float32", (10,)))
+
+
+def paced_poison_model() -> TorchModuleHandler:
+    """The poison model at 10 ms a batch: 5,000 requests in batches of 32 take a worker
+    about 1.6 s, whatever the host, so disruptions tied to the backlog cannot all be
+    missed (on a fast host the plain model drained it between two looks)."""
+    return TorchModuleHandler("poison", PoisonSensitive(pace_s=0.01),
                               input_spec=TensorSpec("float32", (10,)))
 
 
