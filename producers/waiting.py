@@ -42,6 +42,7 @@ import structlog
 
 from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
+from batchfleet.producers.expected import Expected
 from batchfleet.producers.result_sink import Sink
 from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.schemas.envelopes import Result, peek_header
@@ -58,10 +59,6 @@ from batchfleet.schemas.result_decode import decode_result
 log = structlog.get_logger("batchfleet.client")
 
 _READ_CHUNK = 2000
-#: How many submitted-but-not-yet-awaited IDs the waiter remembers (about 100 bytes each).
-_EXPECTED_CAP = 100_000
-#: How many bytes of announced-but-not-yet-awaited result bodies it keeps.
-_ARRIVED_BYTES_CAP = 64 * 1024 * 1024
 #: Waits whose announcement is due here are polled only every this many poll intervals.
 _QUIET_POLL_EVERY = 10
 _SUBSCRIBE_TIMEOUT_S = 10.0
@@ -89,8 +86,7 @@ class ResultWaiter:
         self._waiters: dict[str, list[Sink]] = {}
         #: Submitted here and announced here: None until the announcement came, then the
         #: result's body (so a later wait needs no read).
-        self._expected: dict[str, bytes | None] = {}
-        self._arrived_bytes = 0
+        self._expected = Expected()
         #: IDs read back from the store (not announced): the one-hop path keeps this low.
         self.body_reads = 0
         #: Waits on IDs submitted here: the safety poll can leave them be for a while.
@@ -136,10 +132,9 @@ class ResultWaiter:
                 if rid not in quiet:
                     quiet.add(rid)
                     added.add(rid)
-            elif rid not in expected:
-                expected[rid] = None
+            elif expected.add(rid):
                 added.add(rid)
-        self._trim()
+        expected.trim()
         return added
 
     def unexpect(self, request_ids: Iterable[str]) -> None:
@@ -147,30 +142,8 @@ class ResultWaiter:
         nothing (a duplicate, a failure): their announcement goes to another client."""
         expected, quiet = self._expected, self._quiet
         for rid in request_ids:
-            if rid in expected and expected[rid] is None:
-                del expected[rid]
+            expected.discard_unarrived(rid)
             quiet.discard(rid)
-
-    def _keep(self, request_id: str, body: bytes) -> None:
-        """Hold an announced result until someone waits on it (bounded, oldest out)."""
-        self._expected[request_id] = body
-        self._arrived_bytes += len(body)
-        self._trim()
-
-    def _trim(self) -> None:
-        expected = self._expected
-        while len(expected) > _EXPECTED_CAP or self._arrived_bytes > _ARRIVED_BYTES_CAP:
-            body = expected.pop(next(iter(expected)))
-            if body is not None:
-                self._arrived_bytes -= len(body)
-
-    def _forget_unannounced(self) -> None:
-        """After the subscription dropped: forget expectations whose announcement may
-        have gone into the gap (a wait on them reads the store instead), but keep the
-        results that already arrived: the store may have lost them (a restart without
-        persistence), and a wait on them must still get them, not a RequestLostError."""
-        self._expected = {rid: body for rid, body in self._expected.items()
-                          if body is not None}
 
     def _take_expected(self, request_ids: Sequence[str]) -> tuple[list[str], list[Result]]:
         """Split waits into IDs whose result may already be stored (to read) and results
@@ -182,11 +155,10 @@ class ResultWaiter:
             if rid not in expected:
                 to_read.append(rid)
                 continue
-            body = expected.pop(rid)
+            body = expected.take(rid)
             if body is None:
                 quiet.add(rid)
             else:
-                self._arrived_bytes -= len(body)
                 arrived.append(body)
         return to_read, self._decode(arrived, to_read)
 
@@ -360,7 +332,7 @@ class ResultWaiter:
                 await self._pump(subscription, read_all)
             except ResultStoreError as exc:
                 log.warning("result subscription lost; reconnecting", error=str(exc))
-                self._forget_unannounced()  # announcements may be lost meanwhile: read those
+                self._expected.forget_unannounced()  # some may be lost meanwhile: read those
                 self._quiet.clear()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -402,12 +374,12 @@ class ResultWaiter:
             if body is None:  # the ID alone (a cancel, §8): read it back
                 if rid in self._waiters:
                     unreadable.append(rid)
-                elif self._expected.get(rid, b"") is None:
-                    del self._expected[rid]  # so a later wait reads it at once
+                else:
+                    self._expected.discard_unarrived(rid)  # so a later wait reads it
             elif rid in self._waiters:
                 bodies.append(body)
             elif rid in self._expected:
-                self._keep(rid, body)  # done before anyone waited: keep it for then
+                self._expected.keep(rid, body)  # done before anyone waited: kept for then
         decoded = self._decode(bodies, unreadable)
         self._resolve(decoded)
         if self.stages is not None:
