@@ -42,6 +42,7 @@ import structlog
 
 from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
+from batchfleet.connectors.values import Announced
 from batchfleet.producers.expected import Expected
 from batchfleet.producers.result_sink import Sink
 from batchfleet.producers.stage_stamps import StageStamps
@@ -365,7 +366,7 @@ class ResultWaiter:
             if poll is not None:
                 await cancel_until_done([poll])
 
-    async def _take(self, announced: Sequence[tuple[str, bytes | None]]) -> None:
+    async def _take(self, announced: Sequence[Announced]) -> None:
         """Resolve the waits an announcement names; keep what arrived before its wait."""
         received = time.time() if self.stages is not None else 0.0
         bodies: list[bytes] = []

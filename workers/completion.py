@@ -294,16 +294,19 @@ class ResultWriter:
         generation the store cannot compare exactly (none in practice, since
         :func:`storable` makes every generation exact), those that won and still need an
         ack and those refused, as :func:`ack_plan` splits them."""
-        sure = [a.delivery for a in answers if refusal_trusted(a)]
+        sure: list[Delivery] = []
+        unsure: list[int] = []  # indices into answers
+        for i, answer in enumerate(answers):
+            if refusal_trusted(answer):
+                sure.append(answer.delivery)
+            else:
+                unsure.append(i)
         sure += [*settled.rescheduled, *settled.superseded]
         won = await self.retrying(
             "write results and ack", lambda w: finish.write_and_ack(w, sure), writes)
         self._release(sure)
-        later: list[Delivery] = []
-        refused: list[Delivery] = []
-        for answer, first in zip(answers, won, strict=True):
-            if not refusal_trusted(answer):
-                (later if first else refused).append(answer.delivery)
+        later = [answers[i].delivery for i in unsure if won[i]]
+        refused = [answers[i].delivery for i in unsure if not won[i]]
         return won, later, refused
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
