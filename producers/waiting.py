@@ -44,7 +44,7 @@ from batchfleet.connectors.cancelling import bounded, cancel_until_done
 from batchfleet.connectors.control_plane import Announcements, ControlPlane, Subscription
 from batchfleet.connectors.values import Announced
 from batchfleet.producers.expected import Expected
-from batchfleet.producers.result_sink import Sink
+from batchfleet.producers.result_sink import Alarms, Sink
 from batchfleet.producers.stage_stamps import StageStamps
 from batchfleet.schemas.envelopes import Result, peek_header
 from batchfleet.schemas.errors import (
@@ -85,6 +85,8 @@ class ResultWaiter:
         self._lane_losses: dict[str, int] = {}
         self._poll_interval_s = poll_interval_s
         self._waiters: dict[str, list[Sink]] = {}
+        #: The waits' timeouts, sharing a timer per tick.
+        self._alarms = Alarms()
         #: Submitted here and announced here: None until the announcement came, then the
         #: result's body (so a later wait needs no read).
         self._expected = Expected()
@@ -270,8 +272,8 @@ class ResultWaiter:
         loop = asyncio.get_running_loop()
         sink = Sink(loop.time(), grace)
         self._register(request_ids, sink)
-        # One timer for the whole call, not one per wait.
-        alarm = None if timeout is None else loop.call_later(max(0.0, timeout), sink.time_out)
+        # One alarm for the whole call, not one per wait, sharing a timer with others.
+        alarm = None if timeout is None else self._alarms.set(loop, timeout, sink)
         try:
             to_read, announced = self._take_expected(request_ids)
             self._resolve(announced)
@@ -301,7 +303,7 @@ class ResultWaiter:
                 raise RequestLostError(list(lost))
         finally:
             if alarm is not None:
-                alarm.cancel()
+                self._alarms.clear(alarm, sink)
             self._unregister(request_ids, sink)
 
     async def wait_many(self, request_ids: Sequence[str], timeout: float | None,

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import torch
@@ -39,6 +38,7 @@ from batchfleet.workers.models.lazy import Built, ResidentHandler
 from batchfleet.workers.runner import BatchRun, ModelRunner, Prepared
 
 THREAD_PREFIX = "compute"
+T = TypeVar("T")
 log = structlog.get_logger("batchfleet.worker")
 
 
@@ -109,23 +109,17 @@ class ComputeThread:
                    jobs: Sequence[Job]) -> BatchRun:
         limit = self.limits.limit_s(model)
         loop = asyncio.get_running_loop()
-        started: asyncio.Future[None] = loop.create_future()
         inputs = [j.request.inputs for j in jobs]
         prepared = await self._prepared(model, inputs, limit)
+        took: list[float] = []  # when the thread took the batch (monotonic)
 
         def forward() -> BatchRun:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(_settle, started)
+            took.append(time.monotonic())
             return self._runner.run(model, inputs, prepared)
 
         future = loop.run_in_executor(executor, forward)
         try:
-            # the limit runs from when the thread takes the batch, not from submit: a batch
-            # queued behind another is not charged for that wait (nor for a hang ahead of
-            # it, past one more limit)
-            await bounded(started, limit)
-            # shielded: the future stays ours, and says when an abandoned thread returns
-            run = await bounded(asyncio.shield(future), limit)
+            run = await within_limit(future, took, limit)
         except TimeoutError:
             # its thread exits once the forward returns; a batch never taken is dropped
             executor.shutdown(wait=False, cancel_futures=True)
@@ -237,9 +231,24 @@ def _resident(handler: ModelHandler) -> ResidentHandler:
     return handler
 
 
-def _settle(started: asyncio.Future[None]) -> None:
-    if not started.done():
-        started.set_result(None)
+async def within_limit(future: asyncio.Future[T], took: Sequence[float], limit_s: float) -> T:
+    """``future``'s result once it is done within ``limit_s`` of when its thread took the
+    batch (``took``, stamped there); ``TimeoutError`` past that, or when no thread took it
+    within ``limit_s`` of now. A batch queued behind another is not charged for that wait,
+    nor for a hang ahead of it past one more limit.
+
+    The thread's stamp is read at the deadlines instead of the thread waking the loop
+    when it starts: one wake-up of the loop per batch, not two. ``future`` is never
+    cancelled here: it stays the caller's, and says when an abandoned thread returns."""
+    deadline = time.monotonic() + limit_s
+    while not future.done():
+        await asyncio.wait((future,), timeout=max(0.0, deadline - time.monotonic()))
+        if future.done():
+            break
+        if not took or took[0] + limit_s <= time.monotonic():
+            raise TimeoutError
+        deadline = took[0] + limit_s
+    return future.result()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
