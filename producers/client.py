@@ -498,7 +498,8 @@ class AsyncClient:
 
     async def wait(self, request_id: str, timeout: float | None = 30.0, *,
                    loss_grace_s: float | None = None) -> Result:
-        """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s,
+        """Block until the request is terminal; raises WaitTimeoutError after ``timeout`` s
+        (up to 10 ms after: waits share their timers, ``producers.result_sink.Alarms``),
         and RequestLostError (within seconds, even with ``timeout=None``) if it can never
         finish: its record is gone (unknown ID, or Redis lost its data) or its queue lost it.
 
