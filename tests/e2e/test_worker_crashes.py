@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import numpy as np
@@ -35,6 +37,23 @@ async def _wait_until(predicate: object, timeout: float) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("condition not reached")
+
+
+async def _frozen_holding_work(redis_url: str, worker: WorkerProcess, timeout: float) -> int:
+    """Freeze ``worker`` (SIGSTOP) at a moment it holds unacked work; returns how much.
+    A kill that only followed a reading of its pending count raced its own ack: between
+    the two a fast worker could ack everything and the kill leave nothing behind."""
+    assert worker.proc is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await _pending_of(redis_url, worker.worker_id):
+            os.kill(worker.proc.pid, signal.SIGSTOP)
+            held = await _pending_of(redis_url, worker.worker_id)
+            if held:
+                return held
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.005)
+    raise AssertionError("the worker never held unacked work")
 
 
 async def test_sigterm_during_load_drains_acks_and_loses_nothing(redis_url: str) -> None:
@@ -70,11 +89,10 @@ async def test_sigkill_one_of_two_workers_the_other_reclaims_its_orphans(redis_u
         await asyncio.to_thread(survivor.wait_ready)
         async with AsyncClient(redis_url) as client:
             ids = await client.submit_many("demo-mlp", x)
-            await _wait_until(lambda: _pending_of(redis_url, victim.worker_id), 20)
-            victim.kill()
-            orphans = await _pending_of(redis_url, victim.worker_id)
-            results = await client.wait_many(ids, timeout=120)
+            orphans = await _frozen_holding_work(redis_url, victim, 20)
+            victim.kill()  # frozen: it acks nothing more before it dies
             assert orphans > 0, "the kill must leave unacked work behind"
+            results = await client.wait_many(ids, timeout=120)
             assert await _pending_of(redis_url, victim.worker_id) == 0  # all reclaimed
     finally:
         victim.kill()
