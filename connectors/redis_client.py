@@ -45,8 +45,10 @@ DEFAULT_MAX_CONNECTIONS = 100
 #: How long a command waits for a free pooled connection before it fails.
 
 _OPTIONS: dict[str, Any] = {
-    "decode_responses": False, "socket_keepalive": True,
-    "socket_timeout": 30, "socket_connect_timeout": 5}
+    "decode_responses": False, "socket_timeout": 30, "socket_connect_timeout": 5}
+#: TCP's own: a ``unix://`` connection refuses them (redis-py raises ``TypeError`` on the
+#: first command, so a worker over a Unix socket died at start-up).
+_TCP_OPTIONS: dict[str, Any] = {"socket_keepalive": True}
 
 
 def is_cluster_url(url: str) -> bool:
@@ -193,9 +195,10 @@ def redis_client(url: str, max_connections: int | None = None,
         cluster = FleetRedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=user,
             password=password, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
-            retry=Retry(NoBackoff(), 0), **_OPTIONS)
+            retry=Retry(NoBackoff(), 0), **_OPTIONS, **_TCP_OPTIONS)
         return cast(aioredis.Redis, cluster)
-    options = {**_OPTIONS, "health_check_interval": 30}
+    tcp = {} if urlsplit(url).scheme == "unix" else _TCP_OPTIONS
+    options = {**_OPTIONS, **tcp, "health_check_interval": 30}
     pool = WaitingPool.from_url(url, max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                                 timeout=pool_timeout_s, **options)
     pool.connection_class = fleet_connection(pool.connection_class)
@@ -209,7 +212,7 @@ def sync_redis_client(url: str) -> redis.Redis:
         seeds = [SyncClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
         return cast(redis.Redis, SyncRedisCluster(
             startup_nodes=seeds, username=user,
-            password=password, **_OPTIONS))
+            password=password, **_OPTIONS, **_TCP_OPTIONS))
     return redis.Redis.from_url(url)
 
 

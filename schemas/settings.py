@@ -103,12 +103,13 @@ def one_of(*allowed: str) -> Callable[[str], str]:
 # --- the connection options every command shares ----------------------------------------
 
 BROKER = Opt(
-    "redis://host:port/db, redis+cluster://host:port[,host:port] (Redis Cluster), "
-    "kafka://host:port[,host:port], memory://NAME (in process) or a plugin's scheme.",
+    "redis://host:port/db (rediss:// with TLS; unix:///path/redis.sock on the same machine), "
+    "redis+cluster://host:port[,host:port] (Redis Cluster), kafka://host:port[,host:port], "
+    "memory://NAME (in process) or a plugin's scheme.",
     flag="--broker", env="BATCHFLEET_BROKER", metavar="URL")
 RESULTS = Opt(
-    "Result store, redis://host:port/db, redis+cluster://host:port[,host:port] or "
-    "memory://NAME. Defaults to the broker's URL when that scheme has a result store.",
+    "Result store, redis://host:port/db (or rediss://, unix://), "
+    "redis+cluster://host:port[,host:port] or memory://NAME. Defaults to the broker's URL when that scheme has a result store.",
     flag="--results",
     env="BATCHFLEET_RESULTS", metavar="URL", show="the broker's URL")
 NAMESPACE = Opt("Prefix of every key, stream and topic.", flag="--namespace",
