@@ -109,7 +109,8 @@ BROKER = Opt(
     flag="--broker", env="BATCHFLEET_BROKER", metavar="URL")
 RESULTS = Opt(
     "Result store, redis://host:port/db (or rediss://, unix://), "
-    "redis+cluster://host:port[,host:port] or memory://NAME. Defaults to the broker's URL when that scheme has a result store.",
+    "redis+cluster://host:port[,host:port] or memory://NAME. Defaults to the broker's URL "
+    "when that scheme has a result store.",
     flag="--results",
     env="BATCHFLEET_RESULTS", metavar="URL", show="the broker's URL")
 NAMESPACE = Opt("Prefix of every key, stream and topic.", flag="--namespace",
