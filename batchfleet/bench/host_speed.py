@@ -8,13 +8,22 @@ time per request cannot tell from a regression. Two readings frame each run:
 * a fixed single-threaded probe of the bench's own kind of work (msgpack round trips of
   a request-sized map and small Python calls), timed on an otherwise idle machine at the
   start and at the end: microseconds per round of work, lower is faster;
+* a wake-up probe: one byte bounced between this process and a child over a socket pair,
+  microseconds per round trip. Each trip is two sleeps, two wake-ups and four system
+  calls, what every request costs the fleet between its processes; the msgpack probe
+  never leaves one process, and in 2026-11-29's runs it missed a stretch where the whole
+  machine ran about 15% faster. Between hosts, a synchronous Redis ``PING`` cost 37, 88
+  and 142 us of CPU where the msgpack probe differed far less;
 * the share of CPU time the hypervisor took from this machine over the run (``steal``
   in ``/proc/stat``; 0 where the kernel does not report it).
 """
 
 from __future__ import annotations
 
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +54,47 @@ def speed_probe_us() -> float:
         began = time.perf_counter()
         _one_round()
         times.append((time.perf_counter() - began) * 1e6)
+    return round(statistics.median(times), 1)
+
+
+#: Round trips per timed round of the wake-up probe (about 0.1 s in all here).
+_TRIPS = 200
+#: The child: echo each byte back until the socket closes.
+_ECHO = ("import socket, sys\n"
+         "s = socket.socket(fileno=int(sys.argv[1]))\n"
+         "while (b := s.recv(1)):\n"
+         "    s.sendall(b)\n")
+
+
+def wakeup_probe_us(rounds: int = _ROUNDS, trips: int = _TRIPS) -> float:
+    """Median wall time of one round trip of a byte to a child process and back, in
+    microseconds (median over ``rounds`` rounds of ``trips`` trips each)."""
+    mine, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(theirs.fileno())],
+                             pass_fds=(theirs.fileno(),))
+    theirs.close()
+    try:
+        with mine:
+            mine.settimeout(10.0)  # a child that died must not hang the bench
+
+            def bounce(n: int) -> None:
+                for _ in range(n):
+                    mine.sendall(b"x")
+                    if not mine.recv(1):
+                        raise ConnectionError("the wake-up probe's child went away")
+
+            bounce(20)  # warm: the child's start-up, the first wake-ups
+            times = []
+            for _ in range(rounds):
+                began = time.perf_counter()
+                bounce(trips)
+                times.append((time.perf_counter() - began) * 1e6 / trips)
+    finally:
+        try:
+            child.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
     return round(statistics.median(times), 1)
 
 

@@ -254,14 +254,20 @@ def profile_table(report: dict[str, Any], top: int = 10) -> str:
 
 
 def _host_line(meta: dict[str, Any]) -> str:
-    """The host-speed probe and the stolen CPU (``bench.host_speed``): what two runs
+    """The host-speed probes and the stolen CPU (``bench.host_speed``): what two runs
     must agree on before their absolute figures are compared."""
     if "host_speed_us_start" not in meta:  # a report from before they were recorded
         return ""
+    wakeup = ""
+    if "host_wakeup_us_start" in meta:  # since 2026-11-29's seventh session
+        wakeup = (f" Wake-up probe: {meta['host_wakeup_us_start']:,.1f} us at the start and "
+                  f"{meta.get('host_wakeup_us_end', 0.0):,.1f} us at the end (a byte to a "
+                  "child process and back on the idle machine: what each hop between the "
+                  "fleet's processes pays).")
     return (f" Host speed probe: {meta['host_speed_us_start']:,.0f} us at the start and "
             f"{meta.get('host_speed_us_end', 0.0):,.0f} us at the end (fixed single-threaded "
-            "work on the idle machine; lower is faster, compare runs by it); CPU stolen by "
-            f"the hypervisor during the run: {meta.get('steal_pct', 0.0):.1f}%.")
+            "work on the idle machine; lower is faster, compare runs by it);" + wakeup +
+            f" CPU stolen by the hypervisor during the run: {meta.get('steal_pct', 0.0):.1f}%.")
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from batchfleet.bench.cache_row import run_cache_row
 from batchfleet.bench.ceiling import model_ceiling
 from batchfleet.bench.fleet import Services, new_namespace, services
 from batchfleet.bench.flood import run_flood
-from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct
+from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct, wakeup_probe_us
 from batchfleet.bench.naive_rq import naive_rq
 from batchfleet.bench.plan import DEFAULT_MODEL_PLANS, BenchPlan
 from batchfleet.bench.profiling import py_spy, summarize
@@ -130,12 +130,19 @@ def max_other_cores(report: dict[str, Any]) -> float:
     return round(max((u.get("other", 0.0) for u in utils), default=0.0), 2)
 
 
+def opening_probes() -> dict[str, float]:
+    """The host's speed on the idle machine before anything starts (``bench.host_speed``);
+    :func:`closing_meta` takes the same readings at the end."""
+    return {"host_speed_us_start": speed_probe_us(), "host_wakeup_us_start": wakeup_probe_us()}
+
+
 def closing_meta(report: dict[str, Any], ticks_start: tuple[int, int], began: float
                  ) -> dict[str, Any]:
     """What the run's end adds to its machine record: the load, the host's speed and the
     CPU stolen meanwhile (``bench.host_speed``), the most CPU outside the bench, the time."""
     return {"loadavg_end": [round(v, 2) for v in os.getloadavg()],
             "host_speed_us_end": speed_probe_us(),
+            "host_wakeup_us_end": wakeup_probe_us(),
             "steal_pct": steal_pct(ticks_start, cpu_ticks()),
             "max_other_cores": max_other_cores(report),
             "elapsed_s": round(time.monotonic() - began, 1)}
@@ -272,7 +279,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
     ticks_start = cpu_ticks()
     report: dict[str, Any] = {"meta": machine_meta(plan, threads),
                               "plan": finite(json.loads(json.dumps(asdict(plan), default=str)))}
-    report["meta"]["host_speed_us_start"] = speed_probe_us()
+    report["meta"].update(opening_probes())
     report["ceilings"] = {}
     for m in plan.models:
         say(f"model alone: {m.model} at batch {m.max_batch_size}, {threads} torch threads")

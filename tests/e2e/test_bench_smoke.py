@@ -155,6 +155,7 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
     assert report["meta"]["cpus"] >= 1 and report["meta"]["torch_threads"] >= 1
     meta = report["meta"]  # the host-speed probe frames the run (bench.host_speed)
     assert _positive(meta["host_speed_us_start"]) and _positive(meta["host_speed_us_end"])
+    assert _positive(meta["host_wakeup_us_start"]) and _positive(meta["host_wakeup_us_end"])
     assert 0.0 <= meta["steal_pct"] <= 100.0
     ceiling = report["ceilings"]["demo-mlp"]
     assert ceiling["batch_size"] == 256

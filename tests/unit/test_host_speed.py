@@ -4,11 +4,12 @@ runs can be compared."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
 
-from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct
+from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct, wakeup_probe_us
 from batchfleet.bench.report import render_markdown
 
 pytestmark = pytest.mark.unit
@@ -38,6 +39,35 @@ def test_steal_is_the_stolen_share_of_the_window_only() -> None:
 def test_the_probe_times_real_work() -> None:
     us = speed_probe_us()
     assert math.isfinite(us) and us > 0
+
+
+def _children() -> set[int]:
+    """PIDs of this process's children, zombies included (``/proc/PID/stat``'s ppid)."""
+    me, out = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == me:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def test_the_wakeup_probe_times_real_round_trips_and_leaves_no_child() -> None:
+    before = _children()
+    us = wakeup_probe_us(rounds=3, trips=50)
+    assert math.isfinite(us) and us > 1.0  # a trip through another process: not free
+    assert _children() == before  # its echo child exited and was reaped
+
+
+def test_the_report_names_the_wakeup_probe_only_when_it_was_taken() -> None:
+    meta = {"machine": "Commit x.", "host_speed_us_start": 9000.0, "host_speed_us_end": 9100.0,
+            "host_wakeup_us_start": 43.7, "host_wakeup_us_end": 51.25, "steal_pct": 0.0}
+    head = render_markdown({"meta": meta}).split("\n## ")[0]
+    assert "Wake-up probe: 43.7 us at the start and 51.2 us at the end" in head
+    del meta["host_wakeup_us_start"], meta["host_wakeup_us_end"]
+    assert "Wake-up probe" not in render_markdown({"meta": meta}).split("\n## ")[0]
 
 
 def test_the_report_names_the_probe_only_when_it_was_taken() -> None:
