@@ -161,7 +161,7 @@ def evaluate(report: dict[str, Any]) -> list[Target]:
             f"SLO row: fleet-side p99 at every load (--latency-slo-ms {goal:g})",
             _num(slo.get("max_fleet_p99_ms")), goal, "max", "ms",
             "worst of " + ", ".join(f"{p['load']:.0%}: {_num(p['fleet_p99_ms']):.3g}"
-                                    for p in slo["points"])
+                                    + _overloaded(p) for p in slo["points"])
             + f" ms; saturation {_num(slo['throughput_rps']):,.0f} req/s = "
             f"{_num(slo.get('throughput_vs_best_fixed')):.2f}x the best fixed setting"))
     out += _cache_targets(report.get("cache_bulk"))
@@ -203,6 +203,21 @@ def _kafka_parity(report: dict[str, Any]) -> list[Target]:
         round(k_cpu / r_cpu, 2) if r_cpu else math.nan, KAFKA_PARITY, "max", "x",
         f"{k_cpu:g} vs {r_cpu:g} us at saturation"))
     return out
+
+
+#: A load step whose achieved rate fell short of the offered one by more than this share was
+#: past what the machine carried (fleet and producers together), not a controller's choice.
+OVERLOADED_BELOW = 0.97
+
+
+def _overloaded(point: dict[str, Any]) -> str:
+    """`` (overloaded: achieved A of O req/s)`` for a step the machine could not carry: the
+    SLO row's loads are shares of a closed-loop saturation, and open-loop producers cost
+    the shared cores more per request than the closed loop's."""
+    offered, achieved = _num(point.get("offered_rps")), _num(point.get("achieved_rps"))
+    if offered > 0 and achieved < OVERLOADED_BELOW * offered:
+        return f" (overloaded: achieved {achieved:,.0f} of {offered:,.0f} req/s)"
+    return ""
 
 
 def _cache_targets(row: dict[str, Any] | None) -> list[Target]:

@@ -87,3 +87,17 @@ def test_kafka_parity_takes_the_broker_loop_as_reference_where_it_is_the_floor()
     floor = {"kafka": {"latency_ms": {"p50": 20.0, "p99": 45.0, "max": 50.0}}}
     with_loop = parity({"scenarios": scenarios, "broker_loop": floor})
     assert with_loop["Kafka / Redis caller-side p99 at 50%, submit_many producers"] == (1.33, True)
+
+
+def test_the_slo_row_names_a_step_the_machine_could_not_carry() -> None:
+    def point(load: float, offered: float, achieved: float, p99: float) -> dict[str, float]:
+        return {"load": load, "offered_rps": offered, "achieved_rps": achieved,
+                "fleet_p99_ms": p99}
+    slo = {"latency_slo_ms": 20.0, "max_fleet_p99_ms": 601.7, "throughput_rps": 41_838.0,
+           "throughput_vs_best_fixed": 1.01,
+           "points": [point(0.6, 25_102.7, 25_074.7, 25.75),
+                      point(0.8, 33_470.2, 30_729.2, 601.7)]}
+    (t,) = evaluate({"sweep_slo": slo})
+    assert not t.met  # still missed: the row reports, it does not excuse
+    assert "80%: 602 (overloaded: achieved 30,729 of 33,470 req/s)" in t.detail
+    assert "60%: 25.8," in t.detail  # 99.9% of the offered rate: carried, no flag
