@@ -13,6 +13,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import redis
 
 from batchfleet.bench.procstat import children, process_name
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
@@ -38,7 +41,10 @@ class Services:
         return self.redis_url
 
     def server_pids(self) -> dict[str, int]:
-        """PIDs of the servers this process started (external ones cannot be measured)."""
+        """PIDs of the servers this process started, and of a ``--redis`` server running
+        on this machine (its CPU would otherwise count as other people's load: windows
+        retried as noisy, and the report's "machine was busy" warning). A remote one, or
+        a Kafka given by URL, cannot be measured."""
         # /proc/PID/comm is cut at 15 characters ("tansu-v0.6.0-51"), so match prefixes.
         prefixes = (("redis-server", "redis"), ("tansu", "kafka"))
         found: dict[str, int] = {}
@@ -47,7 +53,37 @@ class Services:
             for prefix, label in prefixes:
                 if name.startswith(prefix):
                     found[label] = pid
+        if "redis" not in found:
+            local = local_redis_pid(self.redis_url)
+            if local is not None:
+                found["redis"] = local
         return found
+
+
+#: Hosts that are this machine.
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_LOCAL_PIDS: dict[str, int | None] = {}
+
+
+def local_redis_pid(url: str) -> int | None:
+    """The PID of the Redis at ``url`` where it runs on this machine: a Unix socket or a
+    loopback host, whose ``INFO`` names a process here that is a ``redis-server``. None
+    for anything else, or when it does not answer. Asked once per URL."""
+    if url in _LOCAL_PIDS:
+        return _LOCAL_PIDS[url]
+    pid: int | None = None
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or (parts.scheme == "redis" and parts.hostname in _LOOPBACK):
+        try:
+            with redis.Redis.from_url(url, socket_timeout=2.0) as client:
+                answered = int(client.info("server")["process_id"])
+        except (redis.RedisError, OSError, KeyError, ValueError):
+            answered = 0
+        # another machine's PID (a tunnel, a container's port) is no process here
+        if answered > 0 and process_name(answered).startswith("redis-server"):
+            pid = answered
+    _LOCAL_PIDS[url] = pid
+    return pid
 
 
 @contextmanager
