@@ -70,31 +70,34 @@ def wakeup_probe_us(rounds: int = _ROUNDS, trips: int = _TRIPS) -> float:
     """Median wall time of one round trip of a byte to a child process and back, in
     microseconds (median over ``rounds`` rounds of ``trips`` trips each)."""
     mine, theirs = socket.socketpair()
-    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(theirs.fileno())],
-                             pass_fds=(theirs.fileno(),))
-    theirs.close()
-    try:
-        with mine:
-            mine.settimeout(10.0)  # a child that died must not hang the bench
+    with mine:
+        try:
+            child = subprocess.Popen([sys.executable, "-c", _ECHO, str(theirs.fileno())],
+                                     pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        mine.settimeout(10.0)  # a child that died must not hang the bench
 
-            def bounce(n: int) -> None:
-                for _ in range(n):
-                    mine.sendall(b"x")
-                    if not mine.recv(1):
-                        raise ConnectionError("the wake-up probe's child went away")
+        def bounce(n: int) -> None:
+            for _ in range(n):
+                mine.sendall(b"x")
+                if not mine.recv(1):
+                    raise ConnectionError("the wake-up probe's child went away")
 
+        try:
             bounce(20)  # warm: the child's start-up, the first wake-ups
             times = []
             for _ in range(rounds):
                 began = time.perf_counter()
                 bounce(trips)
                 times.append((time.perf_counter() - began) * 1e6 / trips)
-    finally:
-        try:
-            child.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        finally:
+            mine.close()  # the child reads the end of its socket and exits
+            try:
+                child.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
     return round(statistics.median(times), 1)
 
 

@@ -259,11 +259,11 @@ def _host_line(meta: dict[str, Any]) -> str:
     if "host_speed_us_start" not in meta:  # a report from before they were recorded
         return ""
     wakeup = ""
-    if "host_wakeup_us_start" in meta:  # since 2026-11-29's seventh session
-        wakeup = (f" Wake-up probe: {meta['host_wakeup_us_start']:,.1f} us at the start and "
-                  f"{meta.get('host_wakeup_us_end', 0.0):,.1f} us at the end (a byte to a "
-                  "child process and back on the idle machine: what each hop between the "
-                  "fleet's processes pays).")
+    start, end = meta.get("host_wakeup_us_start"), meta.get("host_wakeup_us_end")
+    if isinstance(start, int | float) and isinstance(end, int | float):  # since 2026-11-29
+        wakeup = (f" Wake-up probe: {start:,.1f} us at the start and {end:,.1f} us at the "
+                  "end (a byte to a child process and back on the idle machine: what each "
+                  "hop between the fleet's processes pays).")
     return (f" Host speed probe: {meta['host_speed_us_start']:,.0f} us at the start and "
             f"{meta.get('host_speed_us_end', 0.0):,.0f} us at the end (fixed single-threaded "
             "work on the idle machine; lower is faster, compare runs by it);" + wakeup +

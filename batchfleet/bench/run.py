@@ -130,10 +130,19 @@ def max_other_cores(report: dict[str, Any]) -> float:
     return round(max((u.get("other", 0.0) for u in utils), default=0.0), 2)
 
 
-def opening_probes() -> dict[str, float]:
+def opening_probes() -> dict[str, float | None]:
     """The host's speed on the idle machine before anything starts (``bench.host_speed``);
     :func:`closing_meta` takes the same readings at the end."""
-    return {"host_speed_us_start": speed_probe_us(), "host_wakeup_us_start": wakeup_probe_us()}
+    return {"host_speed_us_start": speed_probe_us(), "host_wakeup_us_start": _wakeup()}
+
+
+def _wakeup() -> float | None:
+    """The wake-up probe, or None where it cannot run (no child process, no socket pair):
+    a reading that frames the run is not worth the run."""
+    try:
+        return wakeup_probe_us()
+    except (OSError, subprocess.SubprocessError):
+        return None  # the report then leaves the probe out
 
 
 def closing_meta(report: dict[str, Any], ticks_start: tuple[int, int], began: float
@@ -142,7 +151,7 @@ def closing_meta(report: dict[str, Any], ticks_start: tuple[int, int], began: fl
     CPU stolen meanwhile (``bench.host_speed``), the most CPU outside the bench, the time."""
     return {"loadavg_end": [round(v, 2) for v in os.getloadavg()],
             "host_speed_us_end": speed_probe_us(),
-            "host_wakeup_us_end": wakeup_probe_us(),
+            "host_wakeup_us_end": _wakeup(),
             "steal_pct": steal_pct(ticks_start, cpu_ticks()),
             "max_other_cores": max_other_cores(report),
             "elapsed_s": round(time.monotonic() - began, 1)}

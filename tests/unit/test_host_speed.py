@@ -61,6 +61,16 @@ def test_the_wakeup_probe_times_real_round_trips_and_leaves_no_child() -> None:
     assert _children() == before  # its echo child exited and was reaped
 
 
+def test_a_wakeup_probe_that_cannot_run_leaves_the_run_going(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchfleet.bench import run
+
+    def broken() -> float:
+        raise ConnectionError("the wake-up probe's child went away")
+    monkeypatch.setattr(run, "wakeup_probe_us", broken)
+    assert run.opening_probes()["host_wakeup_us_start"] is None
+
+
 def test_the_report_names_the_wakeup_probe_only_when_it_was_taken() -> None:
     meta = {"machine": "Commit x.", "host_speed_us_start": 9000.0, "host_speed_us_end": 9100.0,
             "host_wakeup_us_start": 43.7, "host_wakeup_us_end": 51.25, "steal_pct": 0.0}
@@ -68,6 +78,9 @@ def test_the_report_names_the_wakeup_probe_only_when_it_was_taken() -> None:
     assert "Wake-up probe: 43.7 us at the start and 51.2 us at the end" in head
     del meta["host_wakeup_us_start"], meta["host_wakeup_us_end"]
     assert "Wake-up probe" not in render_markdown({"meta": meta}).split("\n## ")[0]
+    meta["host_wakeup_us_start"], meta["host_wakeup_us_end"] = None, 40.0  # it failed once
+    head = render_markdown({"meta": meta}).split("\n## ")[0]
+    assert "Wake-up probe" not in head and "stolen by the hypervisor" in head
 
 
 def test_the_report_names_the_probe_only_when_it_was_taken() -> None:
