@@ -205,6 +205,25 @@ def redis_client(url: str, max_connections: int | None = None,
     return aioredis.Redis.from_pool(pool)
 
 
+#: Hosts that are this machine.
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def local_server_pid(url: str) -> int | None:
+    """The process ID a Redis on this machine reports (``INFO server``), for a tool that
+    measures its CPU (the bench): over a Unix socket or a loopback host only. None for a
+    remote host, a cluster, or a server that does not answer within 2 s."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix" and not (parts.scheme == "redis" and parts.hostname in _LOOPBACK):
+        return None
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0) as c:
+            pid = int(c.info("server")["process_id"])
+    except (RedisError, OSError, KeyError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
 def sync_redis_client(url: str) -> redis.Redis:
     """The synchronous twin of :func:`redis_client`, for process launchers and probes."""
     if is_cluster_url(url):

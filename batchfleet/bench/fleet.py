@@ -13,12 +13,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-
-import redis
 
 from batchfleet.bench.procstat import children, process_name
 from batchfleet.connectors.embedded_redis import EmbeddedRedis
+from batchfleet.connectors.redis_client import local_server_pid
 from batchfleet.processes import WorkerProcess
 
 
@@ -60,30 +58,19 @@ class Services:
         return found
 
 
-#: Hosts that are this machine.
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _LOCAL_PIDS: dict[str, int | None] = {}
 
 
 def local_redis_pid(url: str) -> int | None:
     """The PID of the Redis at ``url`` where it runs on this machine: a Unix socket or a
-    loopback host, whose ``INFO`` names a process here that is a ``redis-server``. None
+    loopback host whose ``INFO`` names a process here that is a ``redis-server``. None
     for anything else, or when it does not answer. Asked once per URL."""
-    if url in _LOCAL_PIDS:
-        return _LOCAL_PIDS[url]
-    pid: int | None = None
-    parts = urlsplit(url)
-    if parts.scheme == "unix" or (parts.scheme == "redis" and parts.hostname in _LOOPBACK):
-        try:
-            with redis.Redis.from_url(url, socket_timeout=2.0) as client:
-                answered = int(client.info("server")["process_id"])
-        except (redis.RedisError, OSError, KeyError, ValueError):
-            answered = 0
+    if url not in _LOCAL_PIDS:
+        pid = local_server_pid(url)
         # another machine's PID (a tunnel, a container's port) is no process here
-        if answered > 0 and process_name(answered).startswith("redis-server"):
-            pid = answered
-    _LOCAL_PIDS[url] = pid
-    return pid
+        _LOCAL_PIDS[url] = pid if pid is not None and process_name(pid).startswith(
+            "redis-server") else None
+    return _LOCAL_PIDS[url]
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from batchfleet.bench import fleet
 from batchfleet.bench.fleet import Services, local_redis_pid
 from batchfleet.bench.procstat import children
 from batchfleet.connectors.embedded_redis import find_redis_server
@@ -53,11 +54,15 @@ def daemon_redis(tmp_path: Path) -> Iterator[tuple[int, Path, int]]:
 
 
 def test_a_local_redis_given_by_url_is_measured_as_redis(
-        daemon_redis: tuple[int, Path, int]) -> None:
+        daemon_redis: tuple[int, Path, int], monkeypatch: pytest.MonkeyPatch) -> None:
     port, sock, pid = daemon_redis
     assert pid not in children(os.getpid())  # not started by us: the old lookup missed it
-    assert Services(f"redis://127.0.0.1:{port}/0", None).server_pids() == {"redis": pid}
-    assert Services(f"unix://{sock}?db=0", None).server_pids() == {"redis": pid}
+    assert local_redis_pid(f"redis://127.0.0.1:{port}/0") == pid
+    assert local_redis_pid(f"unix://{sock}?db=0") == pid
+    # the bench process has no server children of its own when given --redis; this test
+    # process has the suite's, so the lookup is shown with none
+    monkeypatch.setattr(fleet, "children", lambda _pid: [])
+    assert Services(f"redis://localhost:{port}/0", None).server_pids() == {"redis": pid}
 
 
 def test_a_remote_or_silent_redis_is_not_measured() -> None:

@@ -39,7 +39,8 @@ ALLOWED = {
 BACKEND_ALLOWED: dict[str, tuple[set[str], str]] = {
     "batchfleet/demo.py": ({"embedded_redis", "embedded_kafka"},
                            "starts a server process for the demo; the doors open it"),
-    "batchfleet/bench/fleet.py": ({"embedded_redis", "embedded_kafka"}, "starts servers"),
+    "batchfleet/bench/fleet.py": ({"embedded_redis", "embedded_kafka", "redis_client"},
+                                  "starts servers; asks a --redis one its PID to meter it"),
     "batchfleet/bench/run.py": ({"embedded_redis"}, "finds redis-server to start it"),
     "batchfleet/bench/pipeline.py": ({"embedded_redis"}, "starts its own Redis"),
     "batchfleet/bench/capacity_meter.py": ({"redis_client"}, "meters Redis itself"),
