@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchfleet.bench.host_speed import cpu_ticks, speed_probe_us, steal_pct, wakeup_probe_us
+from batchfleet.bench.procstat import children
 from batchfleet.bench.report import render_markdown
 
 pytestmark = pytest.mark.unit
@@ -41,24 +42,11 @@ def test_the_probe_times_real_work() -> None:
     assert math.isfinite(us) and us > 0
 
 
-def _children() -> set[int]:
-    """PIDs of this process's children, zombies included (``/proc/PID/stat``'s ppid)."""
-    me, out = os.getpid(), set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[1]) == me:
-            out.add(int(stat.parent.name))
-    return out
-
-
 def test_the_wakeup_probe_times_real_round_trips_and_leaves_no_child() -> None:
-    before = _children()
+    before = set(children(os.getpid()))
     us = wakeup_probe_us(rounds=3, trips=50)
     assert math.isfinite(us) and us > 1.0  # a trip through another process: not free
-    assert _children() == before  # its echo child exited and was reaped
+    assert set(children(os.getpid())) == before  # its echo child exited, reaped
 
 
 def test_a_wakeup_probe_that_cannot_run_leaves_the_run_going(
