@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import structlog
@@ -119,11 +119,15 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
     """A flag takes no value: no ``<bool>`` beside it in --help (``--json true`` is wrong)."""
     if self.is_flag and self.metavar is None:
         return None
-    return _option_type(self, ctx)
+    return _option_type(self, ctx) if _option_type is not None else None
 
 
-_option_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+# typer 0.29 added this hook; an older typer (pyproject admits 0.26) keeps its own help
+# text rather than failing at import.
+_option_type: Callable[[TyperOption, Any], str | None] | None = getattr(
+    TyperOption, "display_type_rich", None)
+if _option_type is not None:
+    TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 def _default_text(self: TyperOption, *, ctx: Any, show_default_is_str: bool,

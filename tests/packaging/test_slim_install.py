@@ -2,7 +2,8 @@
 from this tree goes into a clean venv (no torch, no fastapi, no pyarrow), and there the
 client imports, lives beside an app's own ``schemas`` package, and round-trips a request
 through a worker running from the full install. A CLI command without its extra says
-which one, in one line."""
+which one, in one line. The same client and commands run again on a venv holding the
+oldest version of each core dependency that pyproject admits."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.support.fleet import running_worker
 
@@ -55,10 +58,9 @@ def _checked(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def slim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlimVenv]:
-    """Build the wheel once from a copy of the tree, install it without extras."""
-    base = tmp_path_factory.mktemp("slim")
+def _install(base: Path, constraints: list[str]) -> SlimVenv:
+    """Build the wheel from a copy of the tree and install it, without extras, into a
+    clean venv under ``base``, with pip's ``constraints`` (``name==version`` lines)."""
     src = base / "src"
     src.mkdir()
     for name in SOURCES:
@@ -74,15 +76,42 @@ def slim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlimVenv]:
     venv = base / "venv"
     _checked(_run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=base))
     python = venv / "bin" / "python"
+    pinned = base / "constraints.txt"
+    pinned.write_text("".join(f"{line}\n" for line in constraints))
     # this interpreter's pip installs into the clean venv: no pip bootstrap, the same index
-    _checked(_run(sys.executable, "-m", "pip", "--python", python, "install", "-q", wheel,
-                  cwd=base))
+    _checked(_run(sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                  "-c", pinned, wheel, cwd=base))
     site = Path(_checked(_run(python, "-c", "import sysconfig; print(sysconfig.get_path("
                                             "'purelib'))", cwd=base)).strip())
     env = {k: v for k, v in os.environ.items()
            if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    yield SlimVenv(src, wheel, python, venv / "bin" / "batchfleet", site, env)
+    return SlimVenv(src, wheel, python, venv / "bin" / "batchfleet", site, env)
+
+
+def dependency_floors() -> list[str]:
+    """``name==floor`` for each of pyproject's core dependencies: the oldest versions it
+    admits, which an environment that already has them keeps (pip upgrades nothing that
+    satisfies ``>=``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors = []
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        (lowest,) = [s.version for s in requirement.specifier if s.operator == ">="]
+        floors.append(f"{requirement.name}=={lowest}")
+    return floors
+
+
+@pytest.fixture(scope="module")
+def slim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlimVenv]:
+    """The wheel without extras, on the newest dependencies the index has."""
+    yield _install(tmp_path_factory.mktemp("slim"), [])
+
+
+@pytest.fixture(scope="module")
+def floors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlimVenv]:
+    """The wheel without extras, on the oldest dependencies pyproject admits."""
+    yield _install(tmp_path_factory.mktemp("floors"), dependency_floors())
 
 
 def _app(tmp_path: Path) -> Path:
@@ -187,8 +216,26 @@ def test_an_app_with_its_own_schemas_package_imports_both(slim: SlimVenv,
     assert out["bf_schemas"] == str(slim.site_packages / "batchfleet" / "schemas" / "__init__.py")
 
 
+def test_the_floors_install_holds_the_floors(floors: SlimVenv, tmp_path: Path) -> None:
+    """The floors venv runs what it claims to (else the two tests below on it prove nothing)."""
+    probe = ("import importlib.metadata as m, sys; "
+             "print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))")
+    pinned = [Requirement(line) for line in dependency_floors()]
+    listing = _checked(_run(floors.python, "-c", probe, *(r.name for r in pinned),
+                            cwd=tmp_path, env=floors.env))
+    installed = dict(item.split("==") for item in listing.split())
+    assert len(pinned) >= 6 and set(installed) == {r.name for r in pinned}
+    for requirement in pinned:  # "redis==8" holds 8.0.0
+        assert requirement.specifier.contains(installed[requirement.name]), (
+            requirement, installed[requirement.name])
+
+
+@pytest.mark.parametrize("install", ["slim", "floors"])
 async def test_the_slim_client_round_trips_through_a_full_worker(
-        slim: SlimVenv, tmp_path: Path, redis_url: str) -> None:
+        install: str, request: pytest.FixtureRequest, tmp_path: Path, redis_url: str) -> None:
+    """Newest and oldest admitted dependencies alike: the client and the light commands."""
+    slim: SlimVenv = request.getfixturevalue(install)
+
     async def slim_run(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
             *args, cwd=app, env=slim.env,
@@ -220,8 +267,11 @@ def _names_extra(done: subprocess.CompletedProcess[str], command: str, extra: st
         f"pip install 'batchfleet[{extra}]'"]
 
 
-def test_light_commands_work_and_heavy_ones_name_their_extra(slim: SlimVenv,
-                                                             tmp_path: Path) -> None:
+@pytest.mark.parametrize("install", ["slim", "floors"])
+def test_light_commands_work_and_heavy_ones_name_their_extra(
+        install: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    slim: SlimVenv = request.getfixturevalue(install)
+
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return _run(slim.cli, *args, cwd=tmp_path, env=slim.env, timeout=60)
 
