@@ -196,17 +196,19 @@ local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
   local before = tonumber(ARGV[i + 1])
-  local n = tonumber(redis.call('HGET', key, 'deliveries')) or 0
+  -- one read and at most one write a key: each redis.call costs about what its work does
+  local cur = redis.call('HMGET', key, 'deliveries', 'solo', 'status', 'gen')
+  local n = tonumber(cur[1]) or 0
   if before >= 0 then
     n = math.max(n, before) + 1
     redis.call('HSET', key, 'deliveries', n)
-    if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, ttl) end
+    -- every writer of these fields sets the TTL, so only a record new here lacks one
+    if not (cur[1] or cur[2] or cur[3] or cur[4]) then redis.call('EXPIRE', key, ttl) end
   end
-  local cur = redis.call('HMGET', key, 'solo', 'status', 'gen')
-  local gen = tonumber(cur[3]) or 0
+  local gen = tonumber(cur[4]) or 0
   local done = -1
-  if cur[2] and cur[2] ~= 'pending' then done = gen end
-  out[i] = {n, tonumber(cur[1]) or 0, done, gen}
+  if cur[3] and cur[3] ~= 'pending' then done = gen end
+  out[i] = {n, tonumber(cur[2]) or 0, done, gen}
 end
 return out
 """

@@ -250,7 +250,8 @@ async def test_a_replay_starts_the_stall_count_again(redis_url: str) -> None:
 async def test_stall_and_solo_counts_never_leave_a_record_without_a_ttl(redis_url: str
                                                                         ) -> None:
     """Counted on a record that is gone (expired, or a first delivery never wrote it), the
-    record they create expires like any other (a bare HINCRBY's would stay for good)."""
+    record they create expires like any other (a bare HINCRBY's would stay for good);
+    the delivery count's script tells a new record from the fields it reads."""
     store = open_result_store(redis_url, NAMES)
     try:
         assert await store.note_stalls(["gone1", "gone2"]) == [1, 1]
@@ -258,8 +259,10 @@ async def test_stall_and_solo_counts_never_leave_a_record_without_a_ttl(redis_ur
         await store.put_pending([("kept", b"p")])
         await store.mark_solo("kept", started=True)
         await store.mark_solo("kept", started=False, attempt=3)
+        # a delivery counted where no record is (Kafka's raw producers write none)
+        assert [c.deliveries for c in await store.count_deliveries([("gone4", 0)])] == [1]
         r = store.redis
-        for rid in ("gone1", "gone2", "gone3", "kept"):
+        for rid in ("gone1", "gone2", "gone3", "gone4", "kept"):
             assert 0 < await r.ttl(NAMES.result(rid)) <= store.ttl_s, rid
         assert await r.hmget(NAMES.result("kept"), "solo", "deliveries", "status") == [
             b"0", b"3", b"pending"]
