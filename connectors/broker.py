@@ -10,7 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from batchfleet.connectors.values import Ownership, StorePressure, SubmitState, TerminalWrite
+from batchfleet.connectors.values import (
+    LogPosition,
+    Ownership,
+    StorePressure,
+    SubmitState,
+    TerminalWrite,
+)
 from batchfleet.schemas.errors import ConfigError
 
 
@@ -41,8 +47,10 @@ class Delivery:
     payload: bytes
     token: Any
     #: How many times the broker has handed this message out, where it knows: Redis
-    #: does (1 for a new entry, 2+ for a reclaimed one); Kafka does not (None).
+    #: does (1 for a new entry, 2+ for a reclaimed one); Kafka does not (None), and its
+    #: ``position`` lets the worker find out (``workers.log_positions``).
     delivery_count: int | None = None
+    position: LogPosition | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ type checking only.
 * :class:`Results` — pending records and first-terminal-wins writes, reads, replay.
 * :class:`Announcements` — subscribe to the IDs finished for one client (the
   publish happens inside the winning terminal write, so a lost write is silent).
-* :class:`DeliveryLedger` — durable delivery counts, solo runs (crash loops) and
-  compute stalls (hangs).
+* :class:`DeliveryLedger` — durable delivery counts, solo runs (crash loops),
+  compute stalls (hangs), and claims on ordered logs (a first Kafka delivery told apart).
 * :class:`LaneLosses` — lanes recreated after the broker lost their entries.
 * :class:`DeadLetters` / :class:`UndecodableLetters` — exhausted and unreadable messages.
 * :class:`RetrySchedule` — retries waiting for their backoff to pass.
@@ -45,6 +45,7 @@ from batchfleet.connectors.values import (
     DeadLetter,
     DeliveryCount,
     Lettered,
+    LogClaim,
     Ownership,
     Retry,
     StoredRecord,
@@ -106,6 +107,8 @@ class DeliveryLedger(Protocol):
                                ) -> list[DeliveryCount]: ...
     async def mark_solo(self, request_id: str, started: bool, attempt: int = 1) -> None: ...
     async def note_stalls(self, request_ids: Sequence[str]) -> list[int]: ...
+    async def claim_positions(self, claims: Sequence[tuple[str, int, int]]
+                              ) -> list[LogClaim]: ...
 
 
 class LaneLosses(Protocol):

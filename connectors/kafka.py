@@ -52,6 +52,7 @@ from batchfleet.connectors.kafka_gaps import GapWatch
 from batchfleet.connectors.kafka_loss import LossWatch
 from batchfleet.connectors.kafka_publisher import ensure_topics
 from batchfleet.connectors.kafka_topics import TOPIC_CHECK_S, TopicWatch, seek_to_start
+from batchfleet.connectors.values import LogPosition
 from batchfleet.schemas.errors import TransportError
 from batchfleet.schemas.names import LANE_INTERACTIVE, LANES, Names
 
@@ -261,9 +262,12 @@ class KafkaConsumer:
                 part.committed = records[0].offset  # where the group's offset already is
                 self._watch.dated(tp, records)
             epoch = self._watch.epoch(tp)
+            log_name = f"{self._group}/{tp.topic}/{tp.partition}"
             for rec in records:
                 part.in_flight.add(rec.offset)
-                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset, epoch)))
+                stamp = rec.timestamp if rec.timestamp is not None else -1
+                out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset, epoch),
+                                    position=LogPosition(log_name, rec.offset, stamp)))
             part.next_offset = records[-1].offset + 1
             self._watch.note_fetched(tp, part.next_offset)
         if lost:

@@ -20,6 +20,7 @@ from batchfleet.connectors.values import (
     Announced,
     CancelView,
     DeliveryCount,
+    LogClaim,
     Ownership,
     StoredRecord,
     StorePressure,
@@ -199,6 +200,17 @@ class MemoryResults:
             for lane, ms in losses.items():
                 if int(ms) > self._state.lane_losses.get(lane, 0):
                     self._state.lane_losses[lane] = int(ms)
+
+    async def claim_positions(self, claims: Sequence[tuple[str, int, int]]
+                              ) -> list[LogClaim]:
+        out: list[LogClaim] = []
+        with self._state.lock:
+            for log, offset, timestamp_ms in claims:
+                prev_hi, prev_ts = self._state.log_claims.get(log, (-1, -1))
+                if offset > prev_hi:
+                    self._state.log_claims[log] = (offset, max(prev_ts, timestamp_ms))
+                out.append(LogClaim(prev_hi, prev_ts))
+        return out
 
     async def lane_losses(self) -> dict[str, int]:
         with self._state.lock:

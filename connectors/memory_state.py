@@ -126,6 +126,8 @@ class MemoryState:
         self.expiry: dict[str, float] = {}
         self.subscribers: dict[str, list[Subscriber]] = {}
         self.lane_losses: dict[str, int] = {}
+        #: Ordered logs' claims: log -> (highest offset handed out, newest timestamp ms).
+        self.log_claims: dict[str, tuple[int, int]] = {}
         #: owner -> request IDs in flight (what the terminal write frees; quotas).
         self.inflight: dict[str, dict[str, float]] = {}
         self.streams: dict[tuple[str, str], Stream] = {}

@@ -12,9 +12,8 @@ two leaves a ``cancelled`` result whose request may still run, and lose its writ
 has fetched (it is in the group's pending list, which is what the worker's lease
 keeps alive) is left to finish, and the cancel says so. Kafka cannot tell which
 records a worker holds, so there a pending request is always marked ``cancelled``;
-a worker that already started it still finishes, and its result is discarded. Kafka
-workers read every delivery's record at intake anyway, so they ack a cancelled
-request unrun there (counted as a duplicate) and the cancel set is not used.
+a worker that already started it still finishes, and its result is discarded. One
+that has not drops it unrun through the cancel set, as on Redis.
 
 A **lane purge** pages through one model's stream (``XRANGE``, 500 at a time),
 writes ``cancelled`` for every entry no worker holds (announced to its submitter,
@@ -194,10 +193,9 @@ class RequestControl:
         return retry
 
     async def _add_to_set(self, ids: Sequence[str]) -> None:
-        """Redis Streams only: a Kafka worker reads every delivery's record anyway (it
-        cannot tell a first delivery from a redelivery, ``workers.middleware.quarantine``),
-        so it acks a cancelled request unrun at intake and the set would only linger."""
-        if not ids or self._lanes is None:
+        """Both transports: a Kafka worker reads no record at a first delivery either
+        (``workers.log_positions``), so the set is what tells it."""
+        if not ids:
             return
         now = time.time()
         with wrap_errors(ResultStoreError, "cannot record cancelled requests"):

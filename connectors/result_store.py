@@ -28,11 +28,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from batchfleet.connectors.errors import wrap_errors
+from batchfleet.connectors.log_claims import CLAIM_SCRIPT, claim_args, claims_from
 from batchfleet.connectors.redis_pressure import RedisPressure, read_pressure
 from batchfleet.connectors.values import (
     DEFAULT_TTL_S,
     CancelView,
     DeliveryCount,
+    LogClaim,
     Ownership,
     StoredRecord,
     SubmitState,
@@ -367,6 +369,7 @@ class ResultStore:
         self._get_records = client.register_script(GET_RECORDS_SCRIPT)
         self._exists_each = client.register_script(EXISTS_EACH_SCRIPT)
         self._cancel_views = client.register_script(CANCEL_VIEWS_SCRIPT)
+        self._claim = client.register_script(CLAIM_SCRIPT)
         self._inflight_prefix = names.inflight_prefix
         #: Where the request ID starts in a result key: one node's keys are a fixed prefix
         #: and the ID (the cluster store, whose keys carry a tag, has its own write).
@@ -545,6 +548,17 @@ class ResultStore:
             args += [lane, int(ms)]
         with wrap_errors(ResultStoreError, "cannot record a lane loss"):
             await self._mark_losses(keys=[self._names.lane_loss], args=args)
+
+    async def claim_positions(self, claims: Sequence[tuple[str, int, int]]
+                              ) -> list[LogClaim]:
+        """Raise each ordered log's claim to ``(log, offset, timestamp_ms)`` before its
+        records run; returns what each had handed out before (``connectors.log_claims``)."""
+        if not claims:
+            return []
+        with wrap_errors(ResultStoreError, "cannot claim log positions"):
+            rows = await self._claim(keys=[self._names.log_claims],
+                                     args=claim_args(self.ttl_s, claims))
+        return claims_from(rows)
 
     async def lane_losses(self) -> dict[str, int]:
         """``{model}:{lane}`` -> epoch ms before which that lane's queued requests were lost."""

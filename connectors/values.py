@@ -25,6 +25,27 @@ DEFAULT_POOL_TIMEOUT_S = 5.0
 SAFE_POLICY_PREFIXES = ("noeviction", "volatile-")
 
 
+class LogPosition(NamedTuple):
+    """Where a delivery sits in an ordered log (a Kafka partition, as its consumer group
+    reads it): what lets a transport with no delivery count tell a first delivery apart
+    (``workers.log_positions``)."""
+
+    #: The group, topic and partition, as one name: ``{group}/{topic}/{partition}``.
+    log: str
+    offset: int
+    #: The record's timestamp (epoch ms), or -1 where the log gives none.
+    timestamp_ms: int
+
+
+class LogClaim(NamedTuple):
+    """What had been handed out of one log before a claim (``claim_positions``)."""
+
+    #: The highest offset any consumer handed out, or -1 where none is on record.
+    offset: int
+    #: The newest record timestamp among those handed out (epoch ms), or -1.
+    timestamp_ms: int
+
+
 class SubmitState(IntEnum):
     """What ``put_pending`` found for each request ID."""
 

@@ -160,6 +160,14 @@ class Names:
         return f"{self.plane}:lane-loss"
 
     @property
+    def log_claims(self) -> str:
+        """Hash ``{log}|hi`` / ``{log}|ts`` -> the highest offset of an ordered log (a Kafka
+        partition, per consumer group) ever handed out, and the newest timestamp among
+        those records: raised before they run, so the next owner can tell a redelivery
+        from a first delivery (``workers.log_positions``)."""
+        return f"{self.plane}:log-claims"
+
+    @property
     def inflight_prefix(self) -> str:
         """Prefix of the per-owner in-flight sorted sets (request ID -> expiry); the owner's
         key ID completes the name. The result-writing script removes finished IDs."""

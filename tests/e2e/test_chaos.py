@@ -22,6 +22,7 @@ from batchfleet.producers import AsyncClient
 from batchfleet.schemas.envelopes import Result
 from batchfleet.schemas.errors import BatchfleetError, WaitTimeoutError
 from tests.support.models import CRASH, POISON
+from tests.support.transports import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MODEL = "poison=tests.support.models:poison_model"
@@ -110,6 +111,38 @@ async def test_a_request_that_kills_its_worker_is_quarantined(redis_url: str) ->
     assert all(r.status == "succeeded" for i, r in enumerate(results) if i != 17), [
         (i, r.status, r.error) for i, r in enumerate(results) if r.status != "succeeded"]
     assert await _dlq_ids(redis_url) == [ids[17]]
+
+
+async def test_a_killer_takes_as_many_workers_on_kafka_as_on_redis(fleet: Fleet) -> None:
+    """Kafka keeps no delivery count; its log claims tell a redelivery from a first delivery
+    (``workers.log_positions``), so a request that kills its worker is a suspect at its
+    first redelivery on both transports: with ``--quarantine-after 2`` it takes three
+    workers (its batch's, then two runs alone) and no more, and its neighbours complete."""
+    rows = np.full((40, 10), 0.5, np.float32)
+    rows[17, 0] = CRASH
+    extra = ("--quarantine-after", "2", "--claim-idle-ms", "500", "--max-batch-size", "32")
+    workers = [fleet.process(*extra, models=(MODEL,)).start()]
+    deaths = 0
+    try:
+        await asyncio.to_thread(workers[0].wait_ready)
+        async with fleet.client() as client:
+            ids = await client.submit_many("poison", rows)
+            waiting = asyncio.create_task(client.wait_many(ids, timeout=150))
+            while not waiting.done():
+                if not workers[-1].alive:  # a supervisor's restart
+                    deaths += 1
+                    workers.append(fleet.process(*extra, models=(MODEL,)).start())
+                await asyncio.sleep(0.2)
+            results = waiting.result()
+    finally:
+        for w in workers:
+            w.kill()
+    crashed = results[17]
+    assert crashed.error is not None and crashed.error.type == "crash_loop", crashed.error
+    assert "each of the 2 times it ran alone" in crashed.error.message
+    assert all(r.status == "succeeded" for i, r in enumerate(results) if i != 17), [
+        (i, r.status, r.error) for i, r in enumerate(results) if r.status != "succeeded"]
+    assert deaths == 3
 
 
 async def test_redis_crash_with_aof_mid_run_loses_nothing(durable_redis: EmbeddedRedis) -> None:

@@ -169,6 +169,26 @@ async def test_delivery_counts_and_done_generation(backend: Backend) -> None:
     assert (await results.count_deliveries([(a, -1)]))[0].done_gen == 0
 
 
+async def test_log_claims_rise_with_their_offset_and_only_with_it(backend: Backend) -> None:
+    """Each claim answers what was handed out before it; a timestamp rises only with its
+    offset (a log that went back must not date its new records into the old range)."""
+    results = backend.plane.results
+    t = 1_764_000_000_000  # epoch ms: past a Lua number's 14 significant digits
+    assert await results.claim_positions([("g/t/0", 255, t), ("g/t/1", 9, t + 5)]) == [
+        (-1, -1), (-1, -1)]
+    assert await results.claim_positions([("g/t/0", 511, t + 7)]) == [(255, t)]
+    # a fetch that stays below the claim (a redelivery, or a log that went back)
+    assert await results.claim_positions([("g/t/0", 300, t + 99), ("g/t/1", 9, t + 99)]) == [
+        (511, t + 7), (9, t + 5)]
+    assert await results.claim_positions([("g/t/0", 600, t + 1)]) == [(511, t + 7)]
+    assert await results.claim_positions([("g/t/0", 600, t + 1)]) == [(600, t + 7)]
+    assert await results.claim_positions([]) == []
+    if backend.kind != "memory":  # one hash under the control plane, kept like results
+        ttl = await results.redis.ttl(backend.names.for_cluster(
+            backend.kind == "cluster").log_claims)
+        assert 0 < ttl <= 600
+
+
 async def test_lane_losses_only_move_forward(backend: Backend) -> None:
     results = backend.plane.results
     await results.mark_lane_losses({"m:interactive": 200})

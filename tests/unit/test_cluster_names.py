@@ -31,7 +31,7 @@ def test_cluster_names_carry_hash_tags() -> None:
     assert names.notify_channel("c0ffee") == "bf:notify:{c0ffee}"
     plane = [names.retry_schedule, names.model("m"), names.model_registry, names.lane_loss,
              names.cancelled, names.dead_letter_stream("m"), names.inflight_prefix + "k",
-             names.quota_bucket("k"), names.live_workers, names.bulk_jobs]
+             names.quota_bucket("k"), names.live_workers, names.bulk_jobs, names.log_claims]
     assert len({key_slot(k.encode()) for k in plane}) == 1  # the control plane: one slot
     assert len({key_slot(names.result(f"r{i}").encode()) for i in range(500)}) == 16
 

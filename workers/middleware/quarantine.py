@@ -1,6 +1,7 @@
 """Crash-loop quarantine and stale-copy drops as middleware.
 
-Every redelivery is counted durably (one store call per fetched batch). A request
+Every redelivery is counted durably (one store call per fetched batch); on Kafka a
+fetch's first deliveries are told apart first (``workers.log_positions``). A request
 redelivered more often than it had attempts is a suspect: its worker died with
 it, so it runs alone (noted durably before and after, so the count of its solo
 runs survives the next death), and once it has killed ``quarantine_after``
@@ -17,6 +18,7 @@ import structlog
 from batchfleet.schemas.envelopes import ErrorInfo
 from batchfleet.workers.intake import Intake
 from batchfleet.workers.jobs import Job
+from batchfleet.workers.log_positions import tell_first_deliveries
 from batchfleet.workers.middleware.base import Batch, Middleware
 from batchfleet.workers.retry import CRASH_LOOP
 from batchfleet.workers.runner import BatchRun
@@ -39,9 +41,14 @@ class Quarantine(Middleware):
 
     async def after_decode(self, intake: Intake) -> None:
         """A delivery the broker vouches is the first of its message (a new Redis stream
-        entry) costs nothing, unless it is a retry or a replay: those are only read, for a
-        stale generation. Redeliveries, and Kafka's, which cannot tell, are counted."""
+        entry, a Kafka record above its log's claim) costs nothing, unless it is a retry
+        or a replay: those are only read, for a stale generation. Redeliveries, and
+        deliveries whose count is unknown, are counted."""
         assert self._ctx is not None
+        ctx = self._ctx
+        # Kafka's deliveries learn their count from their log's claim (one call a fetch)
+        await tell_first_deliveries([j.delivery for j in intake.jobs], lambda claims: ctx.retrying(
+            "claim log positions", ctx.store.claim_positions, claims))
         first = [j.delivery.delivery_count == 1 for j in intake.jobs]
         checked = [(j, f) for j, f in zip(intake.jobs, first, strict=True)
                    if not f or j.request.attempt > 1 or j.request.generation > 0]
@@ -57,7 +64,6 @@ class Quarantine(Middleware):
                   for j, f in checked]
         # Retried until it works: these deliveries are already fetched, and dropping them
         # would strand them (Kafka only redelivers after a rebalance).
-        ctx = self._ctx
         counts = await ctx.retrying("count deliveries", ctx.store.count_deliveries, before)
         for (job, only_read), (count, solo_runs, done_gen, gen) in zip(checked, counts,
                                                                       strict=True):
