@@ -12,8 +12,8 @@ or below it was, unless the log went back since (a broker restarted empty, a top
 recreated: new records reuse the old offsets). Such new records are newer than anything
 the claim covers, so a record counts as a redelivery (2) only where its timestamp is not
 newer than the claim's; otherwise its count stays unknown (None) and the quarantine
-counts it as it counts any unknown delivery. Redelivery after a worker died is then seen
-on its first redelivery, as on Redis, not one crash later.
+counts it as it counts any unknown delivery. A worker's death is seen at its records'
+first redelivery, as on Redis.
 """
 
 from __future__ import annotations
