@@ -18,6 +18,7 @@ first redelivery, as on Redis.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from batchfleet.connectors.broker import Delivery
@@ -27,12 +28,20 @@ Claims = Sequence[tuple[str, int, int]]
 Claim = Callable[[Claims], Awaitable[list[LogClaim]]]
 
 
-def claims_for(positions: Sequence[LogPosition]) -> list[tuple[str, int, int]]:
-    """Per log, the highest offset and the newest timestamp among ``positions``."""
+#: How far past this worker's clock a record's timestamp may raise a claim (ms). A producer
+#: stamps its records (CreateTime); one whose clock is far ahead would otherwise date the
+#: claim into the future, and a log that went back later would pass for redeliveries.
+CLOCK_SKEW_MS = 60_000
+
+
+def claims_for(positions: Sequence[LogPosition], now_ms: int) -> list[tuple[str, int, int]]:
+    """Per log, the highest offset and the newest timestamp among ``positions``, the
+    timestamp held to ``now_ms`` + ``CLOCK_SKEW_MS``."""
+    latest = now_ms + CLOCK_SKEW_MS
     highest: dict[str, tuple[int, int]] = {}
     for log, offset, stamp in positions:
         hi, ts = highest.get(log, (-1, -1))
-        highest[log] = (max(hi, offset), max(ts, stamp))
+        highest[log] = (max(hi, offset), max(ts, min(stamp, latest)))
     return [(log, hi, ts) for log, (hi, ts) in highest.items()]
 
 
@@ -52,7 +61,7 @@ async def tell_first_deliveries(deliveries: Sequence[Delivery], claim: Claim) ->
               if d.delivery_count is None and (p := d.position) is not None]
     if not placed:
         return
-    claims = claims_for([p for _, p in placed])
+    claims = claims_for([p for _, p in placed], int(time.time() * 1000))
     before = dict(zip((log for log, _, _ in claims), await claim(claims), strict=True))
     for delivery, position in placed:
         delivery.delivery_count = delivery_count(position, before[position.log])

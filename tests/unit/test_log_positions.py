@@ -11,7 +11,12 @@ import pytest
 from batchfleet.connectors import open_control_plane
 from batchfleet.connectors.broker import Delivery
 from batchfleet.connectors.values import LogClaim, LogPosition
-from batchfleet.workers.log_positions import claims_for, delivery_count, tell_first_deliveries
+from batchfleet.workers.log_positions import (
+    CLOCK_SKEW_MS,
+    claims_for,
+    delivery_count,
+    tell_first_deliveries,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +31,16 @@ def at(offset: int, stamp: int = T, log: str = "g/t/0", count: int | None = None
 def test_claims_are_per_log_the_highest_offset_and_newest_timestamp() -> None:
     positions = [LogPosition("a", 5, T + 2), LogPosition("b", 1, T), LogPosition("a", 7, T),
                  LogPosition("a", 6, -1)]
-    assert claims_for(positions) == [("a", 7, T + 2), ("b", 1, T)]
+    assert claims_for(positions, T) == [("a", 7, T + 2), ("b", 1, T)]
+
+
+def test_a_record_stamped_in_the_future_dates_its_claim_no_further_than_the_skew() -> None:
+    """A producer whose clock runs a day ahead must not date the claim a day ahead: a log
+    that went back later would have its new records taken for redeliveries."""
+    a_day_ahead = LogPosition("a", 3, T + 86_400_000)
+    assert claims_for([a_day_ahead], T) == [("a", 3, T + CLOCK_SKEW_MS)]
+    # and that record, redelivered, is newer than its claim: counted as unknown, safely
+    assert delivery_count(a_day_ahead, LogClaim(3, T + CLOCK_SKEW_MS)) is None
 
 
 @pytest.mark.parametrize(("offset", "stamp", "expected"), [
