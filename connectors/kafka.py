@@ -265,9 +265,9 @@ class KafkaConsumer:
             log_name = f"{self._group}/{tp.topic}/{tp.partition}"
             for rec in records:
                 part.in_flight.add(rec.offset)
-                stamp = rec.timestamp if rec.timestamp is not None else -1
+                # Kafka's own "no timestamp" is -1, LogPosition's too
                 out.append(Delivery(model, lane, rec.value or b"", (tp, rec.offset, epoch),
-                                    position=LogPosition(log_name, rec.offset, stamp)))
+                                    position=LogPosition(log_name, rec.offset, rec.timestamp)))
             part.next_offset = records[-1].offset + 1
             self._watch.note_fetched(tp, part.next_offset)
         if lost:
