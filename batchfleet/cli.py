@@ -290,10 +290,9 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
                                    settings.grace_s))
 
     # OpenMP reads these once, when torch loads it: set them before anything imports torch.
-    # PASSIVE: idle torch threads sleep instead of spinning on cores the event loop needs.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if process.torch_threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(process.torch_threads)
+    from batchfleet.workers.openmp import openmp_defaults
+
+    os.environ.update(openmp_defaults(os.environ, process.torch_threads))
 
     from batchfleet.workers import Worker
     from batchfleet.workers.logs import configure_logging
@@ -303,6 +302,11 @@ def _run_worker(ctx: typer.Context, values: dict[str, Any]) -> None:
         if process.log_level != "debug":  # our own line says the broker is unreachable
             logging.getLogger("aiokafka").addFilter(_no_raw_connect_failures)
         Worker(settings).run()
+    except KeyboardInterrupt:  # before the worker handles signals itself: models loading
+        compute = sys.modules.get("batchfleet.workers.compute")
+        if compute is not None:
+            compute.abandon_loading_models()
+        raise
     except BatchfleetError as exc:
         # a port taken, a store or broker not answering, a model that will not load: one
         # line says which (exit 2 when a setting is wrong, as a model no one can load);

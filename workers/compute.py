@@ -19,8 +19,9 @@ import atexit
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,16 +55,17 @@ class Stuck:
 
 class ComputeThread:
     def __init__(self, handlers: Mapping[str, ModelHandler], device: torch.device,
-                 limits: ComputeLimits | None = None) -> None:
+                 limits: ComputeLimits | None = None,
+                 executor: ThreadPoolExecutor | None = None) -> None:
         self._runner = ModelRunner(handlers, device)
         self.limits = limits or ComputeLimits()
-        self._executor = _pool()  # the main thread (the shadow queues its runs here too)
+        #: The main thread (the shadow queues its runs here too): ``executor`` where the
+        #: models were built on it (``compute_pool``), else a new one.
+        self._executor = executor or _pool()
         self._aside: ThreadPoolExecutor | None = None
         #: Where a handler's ``preprocess`` runs before the device is taken (not the
         #: built-in module handler's: its collation is a copy to the device).
         self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
-        #: Where on-demand loads build and warm up (``load``), created on first use.
-        self._loader: ThreadPoolExecutor | None = None
         self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
@@ -163,10 +165,9 @@ class ComputeThread:
         with nothing attached."""
         loop = asyncio.get_running_loop()
         handlers = [self._runner.handlers[slot] for slot in slots]
-        if self._loader is None:
-            self._loader = _pool(f"{THREAD_PREFIX}-loader")
-        built = [await loop.run_in_executor(self._loader, _resident(h).build, self.device,
-                                            warmup_sizes) for h in handlers]
+        with _loader() as loader:
+            built = [await loop.run_in_executor(loader, _resident(h).build, self.device,
+                                                warmup_sizes) for h in handlers]
 
         def attach() -> None:
             for handler, one in zip(handlers, built, strict=True):
@@ -183,14 +184,13 @@ class ComputeThread:
         raised here, the old version still serving."""
         loop = asyncio.get_running_loop()
         handler = _resident(self._runner.handlers[slot])
-        if self._loader is None:
-            self._loader = _pool(f"{THREAD_PREFIX}-loader")
-        if not handler.resident:
-            probe = await loop.run_in_executor(self._loader, make)
-            handler.retarget(make, tag, source, probe, sample)
-            return None
-        built = await loop.run_in_executor(self._loader, handler.build, self.device,
-                                           warmup_sizes, make, sample)
+        with _loader() as loader:
+            if not handler.resident:
+                probe = await loop.run_in_executor(loader, make)
+                handler.retarget(make, tag, source, probe, sample)
+                return None
+            built = await loop.run_in_executor(loader, handler.build, self.device,
+                                               warmup_sizes, make, sample)
 
         def attach() -> None:
             handler.retarget(make, tag, source, sample=sample)
@@ -220,9 +220,8 @@ class ComputeThread:
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._prepare.shutdown(wait=False, cancel_futures=True)
-        for pool in (self._aside, self._loader):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        if self._aside is not None:
+            self._aside.shutdown(wait=False, cancel_futures=True)
 
 
 def _resident(handler: ModelHandler) -> ResidentHandler:
@@ -261,6 +260,30 @@ def _pool(prefix: str = THREAD_PREFIX) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=prefix)
 
 
+@contextmanager
+def _loader() -> Iterator[ThreadPoolExecutor]:
+    """A thread for one on-demand load or swap, which exits after it: a thread that has
+    run a warm-up forward holds an OpenMP pool until it exits (``compute_pool``)."""
+    loader = _pool(f"{THREAD_PREFIX}-loader")
+    try:
+        yield loader
+    finally:
+        loader.shutdown(wait=False)
+
+
+def compute_pool() -> ThreadPoolExecutor:
+    """The compute thread, before its :class:`ComputeThread`: build the models on it.
+
+    OpenMP gives every thread that runs a parallel torch op a pool of its own, and once a
+    process holds more OpenMP threads than it has cores, each of them waits at a barrier
+    by sleeping rather than spinning (libgomp's throttled spin). A model built on the
+    main thread (its initialisers run parallel) leaves the main thread's pool idle beside
+    the compute thread's, and on a 2-core machine that made every forward of
+    demo-encoder sleep and wake about 135 times (docs/performance.md, ninth session).
+    """
+    return _pool()
+
+
 def compute_threads_outlive(wait_s: float) -> bool:
     """Whether a compute thread is still running ``wait_s`` after shutdown (idle pool threads
     exit at once on the shutdown sentinel; a busy one is inside a forward)."""
@@ -271,6 +294,16 @@ def compute_threads_outlive(wait_s: float) -> bool:
         if not busy or time.monotonic() >= deadline:
             return bool(busy)
         time.sleep(0.02)
+
+
+def abandon_loading_models(wait_s: float = 0.5) -> None:
+    """Ctrl-C while the models build on the compute thread (``compute_pool``): that thread
+    cannot be interrupted and interpreter exit would join it, so exit now (status 130, as
+    Python's own) rather than when the load ends."""
+    if compute_threads_outlive(wait_s):
+        log.warning("interrupted while the models load; exiting without waiting for them")
+        atexit._run_exitfuncs()
+        os._exit(130)
 
 
 def leave_wedged_forward_behind(wait_s: float = 0.5, exit_code: int = 0) -> None:

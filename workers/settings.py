@@ -556,8 +556,9 @@ class ProcessSettings:
         panel="Process"))
     torch_threads: int | None = field(default=None, metadata=opt(
         "torch intra-op threads (default: torch's, one per core). Small models run faster "
-        "with 1 when the worker shares its cores (docs/performance.md). Idle OpenMP threads "
-        "sleep (OMP_WAIT_POLICY=PASSIVE unless set).",
+        "with 1 when the worker shares its cores (docs/performance.md). A waiting OpenMP "
+        "thread spins about 0.1 ms, then sleeps (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT="
+        "10000, unless OMP_WAIT_POLICY is set).",
         show="torch's", panel="Process"))
     processes: int = field(default=1, metadata=opt(
         "Run this many worker processes from this command, each its own consumer (worker "

@@ -33,7 +33,7 @@ from batchfleet.workers import readiness as view
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.batching import FixedWait, MicroBatcher, gather_pause_s
 from batchfleet.workers.completion import ResultWriter, answers_from_run, split_late
-from batchfleet.workers.compute import ComputeThread, leave_wedged_forward_behind
+from batchfleet.workers.compute import ComputeThread, compute_pool, leave_wedged_forward_behind
 from batchfleet.workers.compute_limits import ComputeLimits
 from batchfleet.workers.containment import Containment
 from batchfleet.workers.context import WorkerContext
@@ -77,9 +77,10 @@ class Worker(DefaultViews):
     ) -> None:
         self.settings = s = settings
         self.names = Names(s.namespace)
+        pool = compute_pool()  # built where they run: one OpenMP pool (compute_pool)
         self.versions = ({m: dict(v) for m, v in versions.items()} if versions is not None
                          else {m: {DEFAULT_LABEL: h} for m, h in handlers.items()} if handlers
-                         else _load(s))
+                         else pool.submit(_load, s).result())
         self.handlers = {m: next(iter(v.values())) for m, v in self.versions.items()}
         self.hooks = Chain(middleware if middleware is not None
                            else default_middleware(s, self.handlers))
@@ -96,7 +97,7 @@ class Worker(DefaultViews):
             policy=self.hooks.close_policy() or FixedWait(wait_s),
             enqueued_at=lambda job: job.request.enqueued_at)
         self.compute = ComputeThread(model_versions.slots(self.versions), resolve_device(s.device),
-                                     ComputeLimits(s.compute_timeout_s))
+                                     ComputeLimits(s.compute_timeout_s), pool)
         self.containment = Containment(self.compute, self._note_stalls)
         #: Stalled batches being split beside the compute loop (``workers.containment``).
         self._contained: set[asyncio.Task[None]] = set()

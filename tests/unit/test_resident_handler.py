@@ -4,6 +4,8 @@ compute thread, attached and detached by it, measured from its parameters and bu
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from functools import partial
 
 import pytest
@@ -75,9 +77,20 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
         third = handler.version
         await compute.load(["m@default"], (1,))
         assert handler.resident and handler.version == third
+        # each load's thread exits after it, and its OpenMP pool with it (compute_pool)
+        assert await _loaders_gone(within_s=10)
     finally:
         compute.shutdown()
         await asyncio.sleep(0)
+
+
+async def _loaders_gone(within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while any(t.name.startswith("compute-loader") for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def test_warm_up_runs_on_the_repository_sample_when_there_is_one(tmp_path: object) -> None:
