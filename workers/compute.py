@@ -279,7 +279,7 @@ def compute_pool() -> ThreadPoolExecutor:
     by sleeping rather than spinning (libgomp's throttled spin). A model built on the
     main thread (its initialisers run parallel) leaves the main thread's pool idle beside
     the compute thread's, and on a 2-core machine that made every forward of
-    demo-encoder sleep and wake about 135 times (docs/performance.md, ninth session).
+    demo-encoder sleep and wake about 135 times (docs/performance.md, "One OpenMP pool").
     """
     return _pool()
 

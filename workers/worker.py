@@ -77,10 +77,15 @@ class Worker(DefaultViews):
     ) -> None:
         self.settings = s = settings
         self.names = Names(s.namespace)
-        pool = compute_pool()  # built where they run: one OpenMP pool (compute_pool)
-        self.versions = ({m: dict(v) for m, v in versions.items()} if versions is not None
-                         else {m: {DEFAULT_LABEL: h} for m, h in handlers.items()} if handlers
-                         else pool.submit(_load, s).result())
+        pool = compute_pool()  # the models are built where they will run (compute_pool)
+        try:
+            self.versions = (
+                {m: dict(v) for m, v in versions.items()} if versions is not None
+                else {m: {DEFAULT_LABEL: h} for m, h in handlers.items()} if handlers
+                else pool.submit(_load, s).result())
+        except BaseException:
+            pool.shutdown(wait=False)
+            raise
         self.handlers = {m: next(iter(v.values())) for m, v in self.versions.items()}
         self.hooks = Chain(middleware if middleware is not None
                            else default_middleware(s, self.handlers))
