@@ -3,15 +3,17 @@
 OpenMP gives each thread that runs a parallel torch op a pool of threads of its own; a
 model built on the main thread leaves that pool idle beside the compute thread's, and
 once a process holds more OpenMP threads than cores, libgomp makes every barrier of
-every forward sleep instead of spin (docs/performance.md, ninth session). The worker
+every forward sleep instead of spin (docs/performance.md, "One OpenMP pool"). The worker
 therefore builds its ``--model`` models on the compute thread. These tests pin the
 thread, not the speed.
 """
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -48,20 +50,28 @@ def build() -> TorchModuleHandler:
 '''
 
 
-@pytest.fixture
-def app_dir(tmp_path: Path) -> Path:
-    module = f"threadprobe_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(textwrap.dedent(FACTORY))
-    (tmp_path / "module_name").write_text(module)
-    return tmp_path
+def _app(tmp_path: Path, source: str) -> str:
+    """A module of ``source`` under ``tmp_path`` (the worker's --app-dir); its name."""
+    module = f"buildprobe_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    return module
 
 
-async def test_the_worker_builds_its_models_on_the_thread_that_runs_them(app_dir: Path) -> None:
-    import importlib
+def _compute_threads_gone(before: set[threading.Thread], within_s: float) -> bool:
+    """No compute thread started since ``before`` is alive (other tests' may be)."""
+    deadline = time.monotonic() + within_s
+    while any(t.name.startswith("compute") and t not in before
+              for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
-    module = (app_dir / "module_name").read_text()
+
+async def test_the_worker_builds_its_models_on_the_thread_that_runs_them(tmp_path: Path) -> None:
+    module = _app(tmp_path, FACTORY)
     url = f"memory://build-{uuid.uuid4().hex[:8]}"
-    settings = WorkerSettings.from_url(url, webhooks=False, app_dir=str(app_dir),
+    settings = WorkerSettings.from_url(url, webhooks=False, app_dir=str(tmp_path),
                                        models=(f"doubler={module}:build",))
     worker = Worker(settings)
     try:
@@ -79,11 +89,12 @@ async def test_the_worker_builds_its_models_on_the_thread_that_runs_them(app_dir
 
 def test_a_model_that_fails_to_build_fails_the_worker_with_its_own_error(
         tmp_path: Path) -> None:
-    (tmp_path / "brokenprobe.py").write_text(
-        "def build():\n    raise ValueError('no weights here')\n")
+    module = _app(tmp_path, "def build():\n    raise ValueError('no weights here')\n")
     url = f"memory://build-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings.from_url(url, webhooks=False, app_dir=str(tmp_path),
-                                       models=("broken=brokenprobe:build",))
+                                       models=(f"broken={module}:build",))
+    before = set(threading.enumerate())
     with pytest.raises(ConfigError, match="no weights here"):
         Worker(settings)
+    assert _compute_threads_gone(before, within_s=10)  # the thread it was built on exits
     reset_memory(url)

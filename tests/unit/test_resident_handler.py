@@ -58,6 +58,7 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
     compute = ComputeThread({"m@default": versions["m"]["default"]}, torch.device("cpu"))
     handler = versions["m"]["default"]
     assert isinstance(handler, ResidentHandler)
+    before = set(threading.enumerate())
     try:
         assert await compute.setup() == {}  # nothing loaded at start
         [built] = await compute.load(["m@default"], (1, 8))
@@ -78,15 +79,17 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
         await compute.load(["m@default"], (1,))
         assert handler.resident and handler.version == third
         # each load's thread exits after it, and its OpenMP pool with it (compute_pool)
-        assert await _loaders_gone(within_s=10)
+        assert await _loaders_gone(before, within_s=10)
     finally:
         compute.shutdown()
         await asyncio.sleep(0)
 
 
-async def _loaders_gone(within_s: float) -> bool:
+async def _loaders_gone(before: set[threading.Thread], within_s: float) -> bool:
+    """No loader thread started since ``before`` is alive (other tests' may be)."""
     deadline = time.monotonic() + within_s
-    while any(t.name.startswith("compute-loader") for t in threading.enumerate()):
+    while any(t.name.startswith("compute-loader") and t not in before
+              for t in threading.enumerate()):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.01)
