@@ -300,18 +300,22 @@ def abandon_loading_models(wait_s: float = 0.5) -> None:
     """Ctrl-C while the models build on the compute thread (``compute_pool``): that thread
     cannot be interrupted and interpreter exit would join it, so exit now (status 130, as
     Python's own) rather than when the load ends."""
-    if compute_threads_outlive(wait_s):
-        log.warning("interrupted while the models load; exiting without waiting for them")
-        atexit._run_exitfuncs()
-        os._exit(130)
+    _exit_past_compute_threads(
+        wait_s, 130, "interrupted while the models load; exiting without waiting for them")
 
 
 def leave_wedged_forward_behind(wait_s: float = 0.5, exit_code: int = 0) -> None:
     """At exit, after the loop stopped: a forward cannot be interrupted and interpreter exit
     would join its thread, so a wedged one would hold the process past the grace period.
     Leave it behind; its requests were answered, retried or left unacked (redelivered)."""
+    _exit_past_compute_threads(
+        wait_s, exit_code, "exiting with a forward still running; its requests are redelivered")
+
+
+def _exit_past_compute_threads(wait_s: float, exit_code: int, why: str) -> None:
+    """Exit with ``exit_code`` now, without joining a compute thread still busy after
+    ``wait_s``; return where none is."""
     if compute_threads_outlive(wait_s):
-        log.warning("exiting with a forward still running; its requests are redelivered",
-                    exit_code=exit_code)
+        log.warning(why, exit_code=exit_code)
         atexit._run_exitfuncs()  # flush the log writer, as a normal exit would
         os._exit(exit_code)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import textwrap
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from batchfleet.connectors.memory_state import reset_memory
 from batchfleet.schemas.errors import ConfigError
 from batchfleet.workers.settings import WorkerSettings
 from batchfleet.workers.worker import Worker
+from tests.support.threads import threads_gone
 
 pytestmark = pytest.mark.unit
 
@@ -57,17 +57,6 @@ def _app(tmp_path: Path, source: str) -> str:
     return module
 
 
-def _compute_threads_gone(before: set[threading.Thread], within_s: float) -> bool:
-    """No compute thread started since ``before`` is alive (other tests' may be)."""
-    deadline = time.monotonic() + within_s
-    while any(t.name.startswith("compute") and t not in before
-              for t in threading.enumerate()):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 async def test_the_worker_builds_its_models_on_the_thread_that_runs_them(tmp_path: Path) -> None:
     module = _app(tmp_path, FACTORY)
     url = f"memory://build-{uuid.uuid4().hex[:8]}"
@@ -96,5 +85,5 @@ def test_a_model_that_fails_to_build_fails_the_worker_with_its_own_error(
     before = set(threading.enumerate())
     with pytest.raises(ConfigError, match="no weights here"):
         Worker(settings)
-    assert _compute_threads_gone(before, within_s=10)  # the thread it was built on exits
+    assert threads_gone("compute", before, within_s=10)  # the thread it was built on exits
     reset_memory(url)

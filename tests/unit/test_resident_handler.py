@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from functools import partial
 
 import pytest
@@ -15,6 +14,7 @@ from batchfleet.schemas.errors import ModelNotLoadedError
 from batchfleet.workers.compute import ComputeThread
 from batchfleet.workers.models.lazy import ResidentHandler, module_memory_mb
 from batchfleet.workers.models.loading import load_model, load_versions
+from tests.support.threads import threads_gone
 
 pytestmark = pytest.mark.unit
 
@@ -79,21 +79,10 @@ async def test_the_compute_thread_loads_swaps_and_unloads_between_batches() -> N
         await compute.load(["m@default"], (1,))
         assert handler.resident and handler.version == third
         # each load's thread exits after it, and its OpenMP pool with it (compute_pool)
-        assert await _loaders_gone(before, within_s=10)
+        assert threads_gone("compute-loader", before, within_s=10)
     finally:
         compute.shutdown()
         await asyncio.sleep(0)
-
-
-async def _loaders_gone(before: set[threading.Thread], within_s: float) -> bool:
-    """No loader thread started since ``before`` is alive (other tests' may be)."""
-    deadline = time.monotonic() + within_s
-    while any(t.name.startswith("compute-loader") and t not in before
-              for t in threading.enumerate()):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def test_warm_up_runs_on_the_repository_sample_when_there_is_one(tmp_path: object) -> None:
