@@ -41,11 +41,17 @@ async def _phase(client: AsyncClient, workers: tuple[Worker, Worker], mean: floa
     return began
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
-    """The CLI in process, on a thread (its own event loop): no start-up delay, so a
-    ``--since-s`` measured here covers the same windows when the command reads them."""
-    got = await asyncio.to_thread(CliRunner().invoke, app, list(args))
-    return got.exit_code, got.stdout, str(got.exception or "")
+async def run_cli(*args: str, since: float | None = None) -> tuple[int, str, str]:
+    """The CLI in process, on a thread (its own event loop). With ``since`` (a phase's
+    start), ``--since-s`` is measured on that thread just before the command runs, plus
+    one window of slack: on a loaded machine the command reads its clock a while after
+    ours, and a window that closed in between would be left out. One window cannot reach
+    the phase before (phases start two windows after it)."""
+    def invoke() -> tuple[int, str, str]:
+        extra = [] if since is None else ["--since-s", f"{time.time() - since + 1:.2f}"]
+        got = CliRunner().invoke(app, [*args, *extra])
+        return got.exit_code, got.stdout, str(got.exception or "")
+    return await asyncio.to_thread(invoke)
 
 
 async def test_two_workers_merge_exactly_and_drift_shows_against_the_baseline(
@@ -93,8 +99,7 @@ async def test_two_workers_merge_exactly_and_drift_shows_against_the_baseline(
 
         c = await _phase(client, workers, 1.0, 3)  # inputs drift: N(0,1) -> N(1,1)
         code, out, err = await run_cli(
-            "models", "outputs", MODEL, "--inputs", "--json", "--broker", redis_url,
-            "--since-s", f"{max(1.0, time.time() - c):.1f}")  # --since-s is >= 1
+            "models", "outputs", MODEL, "--inputs", "--json", "--broker", redis_url, since=c)
         assert code == 0, err
         body = json.loads(out)
         assert [r["version"] for r in body] == ["default"]
