@@ -9,7 +9,9 @@ thread, which is kept as *stuck* until it returns, and the next batch gets a fre
 thread. A handler's ``preprocess`` runs before, on a thread of its own (``_prepared``),
 so CPU-bound preprocessing does not hold the device. ``run_aside`` is a second thread,
 for re-running a stalled batch's requests one by one (``workers.containment``) while
-the main thread serves other batches.
+the main thread serves other batches. Both free their OpenMP pool after each use
+(``workers.openmp.release_thread_pool``): an idle pool beside the compute thread's makes
+its every barrier sleep.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from batchfleet.workers.jobs import Job
 from batchfleet.workers.models import ModelHandler
 from batchfleet.workers.models.handler import preprocess_on_device
 from batchfleet.workers.models.lazy import Built, ResidentHandler
+from batchfleet.workers.openmp import release_thread_pool
 from batchfleet.workers.runner import BatchRun, ModelRunner, Prepared
 
 THREAD_PREFIX = "compute"
@@ -102,13 +105,13 @@ class ComputeThread:
         """Like :meth:`run`, on the second thread (replaced in turn when it stalls)."""
         if self._aside is None:
             self._aside = _pool("compute-aside")
-        run = await self._run(self._aside, model, jobs)
+        run = await self._run(self._aside, model, jobs, release_pool=True)
         if run.stalled:
             self._aside = None
         return run
 
     async def _run(self, executor: ThreadPoolExecutor, model: str,
-                   jobs: Sequence[Job]) -> BatchRun:
+                   jobs: Sequence[Job], release_pool: bool = False) -> BatchRun:
         limit = self.limits.limit_s(model)
         loop = asyncio.get_running_loop()
         inputs = [j.request.inputs for j in jobs]
@@ -117,7 +120,11 @@ class ComputeThread:
 
         def forward() -> BatchRun:
             took.append(time.monotonic())
-            return self._runner.run(model, inputs, prepared)
+            try:
+                return self._runner.run(model, inputs, prepared)
+            finally:
+                if release_pool:
+                    release_thread_pool()
 
         future = loop.run_in_executor(executor, forward)
         try:
@@ -142,8 +149,14 @@ class ComputeThread:
         if preprocess_on_device(self._runner.handlers[model]):
             return None
         pool = self._prepare
-        future = asyncio.get_running_loop().run_in_executor(
-            pool, self._runner.prepare, model, inputs)
+
+        def prepare() -> Prepared:
+            try:
+                return self._runner.prepare(model, inputs)
+            finally:
+                release_thread_pool()
+
+        future = asyncio.get_running_loop().run_in_executor(pool, prepare)
         try:
             return await bounded(asyncio.shield(future), limit)
         except TimeoutError:

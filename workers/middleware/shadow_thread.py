@@ -3,7 +3,9 @@
 A shadow forward must never hold the compute slot that stable batches wait for (a
 shadow that waits 0.5 s on a remote model or a GPU would otherwise delay every stable
 batch behind it), so it runs on a thread of its own, :class:`ShadowThread`, one batch
-at a time. A daemon thread, so a wedged shadow never holds the process at exit.
+at a time. A daemon thread, so a wedged shadow never holds the process at exit. After
+each forward it frees its OpenMP pool (``workers.openmp.release_thread_pool``): an idle
+pool beside the compute thread's makes every barrier of every stable forward sleep.
 
 A thread of its own still shares the cores: :class:`ShadowBudget` caps each model's
 shadow at a share of wall time (after a forward of ``d`` seconds the model's shadow
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from batchfleet.schemas.errors import ConfigError
+from batchfleet.workers.openmp import release_thread_pool
 from batchfleet.workers.per_model import PerModel
 
 T = TypeVar("T")
@@ -88,6 +91,7 @@ class ShadowThread:
             except BaseException as exc:  # handed to the awaiting coroutine
                 settle = _error(future, exc)
             span.end = time.time()
+            release_thread_pool()
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 loop.call_soon_threadsafe(settle)
 
