@@ -9,9 +9,9 @@ thread, which is kept as *stuck* until it returns, and the next batch gets a fre
 thread. A handler's ``preprocess`` runs before, on a thread of its own (``_prepared``),
 so CPU-bound preprocessing does not hold the device. ``run_aside`` is a second thread,
 for re-running a stalled batch's requests one by one (``workers.containment``) while
-the main thread serves other batches. Both free their OpenMP pool after each use
-(``workers.openmp.release_thread_pool``): an idle pool beside the compute thread's makes
-its every barrier sleep.
+the main thread serves other batches. Both free their OpenMP pool after each use on a CPU
+device (``workers.openmp.release_thread_pool``): an idle pool beside the compute thread's
+makes its every barrier sleep.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class ComputeThread:
         #: Where a handler's ``preprocess`` runs before the device is taken (not the
         #: built-in module handler's: its collation is a copy to the device).
         self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
+        #: Only a CPU forward crosses OpenMP barriers: on a GPU a preprocess keeps its pool
+        #: (freeing a pool and building it again took about 45 us with one helper thread
+        #: on 2 cores; a 16-core host's pool has 15).
+        self._release_prepare_pool = device.type == "cpu"
         self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
@@ -154,7 +158,8 @@ class ComputeThread:
             try:
                 return self._runner.prepare(model, inputs)
             finally:
-                release_thread_pool()
+                if self._release_prepare_pool:
+                    release_thread_pool()
 
         future = asyncio.get_running_loop().run_in_executor(pool, prepare)
         try:

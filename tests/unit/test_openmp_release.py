@@ -5,13 +5,16 @@ it for as long as it lives; once a process holds more OpenMP threads than cores,
 makes every barrier of every forward on the compute thread sleep instead of spin
 (docs/performance.md, "One OpenMP pool"). The preprocess thread, the shadow thread and
 containment's aside thread are long-lived, so each frees its pool after each use. These
-tests count the process's threads that Python did not start (OpenMP's helpers), not time.
+tests count the process's threads that Python did not start (OpenMP's helpers), not time;
+a freed pool leaves no more of them than before ("at most": another test's abandoned
+thread may exit meanwhile, its pool with it).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,10 +38,25 @@ pytestmark = pytest.mark.unit
 PARALLEL = 1 << 22
 
 
-def native_threads() -> int:
-    """Threads of this process that Python did not start: OpenMP's helpers."""
+def _count() -> int:
     python = {t.native_id for t in threading.enumerate()}
     return sum(int(tid) not in python for tid in os.listdir("/proc/self/task"))
+
+
+def native_threads(settle_s: float = 0.05, within_s: float = 10.0) -> int:
+    """Threads of this process that Python did not start (OpenMP's helpers), once their
+    number has held still for ``settle_s``: a freed pool's threads exit a moment after
+    the release returns (longer on a busy machine)."""
+    last, since = _count(), time.monotonic()
+    deadline = since + within_s
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+        now = _count()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle_s:
+            break
+    return last
 
 
 def parallel_op() -> None:
@@ -82,8 +100,8 @@ def test_a_thread_that_ran_a_parallel_op_frees_its_pool() -> None:
 
     _on_a_thread(side)
     assert seen["with a pool"] >= 1
-    assert seen["freed"] == 0
-    assert seen["again"] == seen["with a pool"]
+    assert seen["freed"] <= 0
+    assert seen["again"] >= 1
 
 
 async def test_the_shadow_thread_keeps_no_pool_between_forwards() -> None:
@@ -97,7 +115,7 @@ async def test_the_shadow_thread_keeps_no_pool_between_forwards() -> None:
             return native_threads() - before
 
         assert await shadow.run(forward) >= 1  # the forward had a pool
-        assert native_threads() == before  # and it was freed before the answer
+        assert native_threads() <= before  # and it was freed before the answer
     finally:
         shadow.shutdown()
 
@@ -137,9 +155,23 @@ async def test_the_prepare_and_aside_threads_keep_no_pool_between_batches() -> N
         before = native_threads()
         run = await compute.run("p", _jobs(3.0))  # a parallel preprocess
         assert run.outputs[0].tolist() == [21, 21]  # type: ignore[union-attr]
-        assert native_threads() == before
+        assert native_threads() <= before
         run = await compute.run_aside("p", _jobs(7.0))  # a parallel forward, aside
         assert run.outputs[0].tolist() == [49, 49]  # type: ignore[union-attr]
-        assert native_threads() == before
+        assert native_threads() <= before
     finally:
         compute.shutdown()
+
+
+async def test_off_the_cpu_the_prepare_thread_keeps_its_pool() -> None:
+    """A forward on a GPU crosses no OpenMP barrier: there a preprocess keeps its pool
+    rather than build it again each batch ("meta" stands in for a device here)."""
+    compute = ComputeThread({"p": ParallelPreprocess()}, torch.device("meta"))
+    try:
+        await compute._prepared("p", [np.full(2, 1.0, np.float32)], 30.0)  # thread started
+        before = native_threads()
+        await compute._prepared("p", [np.full(2, 3.0, np.float32)], 30.0)
+        assert native_threads() > before
+    finally:
+        compute.shutdown()
+        compute._prepare.shutdown(wait=True)  # its pool goes with it, before other tests
