@@ -116,6 +116,14 @@ async def test_the_shadow_thread_keeps_no_pool_between_forwards() -> None:
 
         assert await shadow.run(forward) >= 1  # the forward had a pool
         assert native_threads() <= before  # and it was freed before the answer
+
+        def failing() -> None:
+            parallel_op()
+            raise RuntimeError("shadow forward failed")
+
+        with pytest.raises(RuntimeError, match="shadow forward failed"):
+            await shadow.run(failing)
+        assert native_threads() <= before  # freed after a forward that raised, too
     finally:
         shadow.shutdown()
 
