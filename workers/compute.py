@@ -69,10 +69,6 @@ class ComputeThread:
         #: Where a handler's ``preprocess`` runs before the device is taken (not the
         #: built-in module handler's: its collation is a copy to the device).
         self._prepare = _pool(f"{THREAD_PREFIX}-prepare")
-        #: Only a CPU forward crosses OpenMP barriers: on a GPU a preprocess keeps its pool
-        #: (freeing a pool and building it again took about 45 us with one helper thread
-        #: on 2 cores; a 16-core host's pool has 15).
-        self._release_prepare_pool = device.type == "cpu"
         self._stuck: list[Stuck] = []
         #: (model, size) of the batch computing now, for the in-flight gauge.
         self.computing: tuple[str, int] = ("", 0)
@@ -153,12 +149,16 @@ class ComputeThread:
         if preprocess_on_device(self._runner.handlers[model]):
             return None
         pool = self._prepare
+        # Only a CPU forward crosses OpenMP barriers: on a GPU a preprocess keeps its pool
+        # (freeing a pool and building it again took about 45 us with one helper thread on
+        # 2 cores; a 16-core host's pool has 15).
+        release = self.device.type == "cpu"
 
         def prepare() -> Prepared:
             try:
                 return self._runner.prepare(model, inputs)
             finally:
-                if self._release_prepare_pool:
+                if release:
                     release_thread_pool()
 
         future = asyncio.get_running_loop().run_in_executor(pool, prepare)
