@@ -39,6 +39,19 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
         return
 
 
+async def first_set(events: tuple[asyncio.Event, ...], timeout_s: float
+                    ) -> asyncio.Event | None:
+    """The first of ``events`` to be set within ``timeout_s``, or None."""
+    waits = {asyncio.ensure_future(e.wait()): e for e in events}
+    try:
+        done, _ = await asyncio.wait(waits, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return next((waits[w] for w in done), None)
+
+
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop where it is installed (the ``worker`` extra brings it): its loop and
     transports cost less per socket read than asyncio's, on the hot path's every fetch

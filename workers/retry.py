@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from batchfleet.connectors.broker import OutboundMessage, Publisher
-from batchfleet.connectors.cancelling import bounded
 from batchfleet.connectors.control_plane import DeadLetters, RetrySchedule
 from batchfleet.connectors.values import DeadLetter, Lettered, Retry
 from batchfleet.schemas.envelopes import ErrorInfo, decode_request_header, encode_request
 from batchfleet.schemas.errors import BatchfleetError, DecodeError, StalledError
+from batchfleet.workers.aio import first_set
 from batchfleet.workers.backoff import compute_backoff
 from batchfleet.workers.completion import answer_without_compute
 from batchfleet.workers.failures import Disposition
@@ -144,15 +144,40 @@ class RetryingFailurePolicy:
         return out
 
 
+#: Longest an idle pump sleeps: how late a retry that no pump was told about (scheduled by
+#: a worker that died, or by another worker whose own pump is busy) can come back.
+IDLE_PUMP_S = 1.0
+
+
+def pump_pause_s(next_due: float | None, now: float, floor_s: float, idle_s: float) -> float:
+    """How long the pump sleeps after a claim that left nothing due: until the schedule's
+    next due time, at least ``floor_s`` (claims at most that often, however the due times
+    spread) and at most ``idle_s`` (retries other workers schedule are found by then)."""
+    if next_due is None:
+        return idle_s
+    return min(max(next_due - now, floor_s), idle_s)
+
+
 class RetryPump:
-    """Re-enqueues retries whose time has come, from any worker, in batches."""
+    """Re-enqueues retries whose time has come, from any worker, in batches.
+
+    It sleeps until the schedule's next due time rather than polling: an idle worker
+    claimed ten times a second, a Lua script each time (docs/performance.md, "An idle
+    worker's retry pump"). :meth:`scheduled` wakes it when this worker schedules a retry,
+    so that one is claimed on time; one scheduled elsewhere waits at most ``idle_s``."""
 
     def __init__(self, schedule: RetrySchedule, publisher: Publisher, interval_s: float = 0.1,
-                 batch: int = 500) -> None:
+                 batch: int = 500, idle_s: float = IDLE_PUMP_S) -> None:
         self._schedule = schedule
         self._publisher = publisher
         self._interval_s = interval_s
+        self._idle_s = idle_s
         self._batch = batch
+        self._woken = asyncio.Event()
+
+    def scheduled(self) -> None:
+        """This worker just scheduled retries: read the next due time again."""
+        self._woken.set()
 
     async def pump_once(self) -> int:
         claimed = await self._schedule.claim_due(time.time(), self._batch)
@@ -174,16 +199,28 @@ class RetryPump:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            claimed_at = time.time()
             try:
                 moved = await self.pump_once()
             except BatchfleetError as exc:
                 log.warning("retry pump failed; will try again", error=str(exc))
                 moved = 0
             if moved < self._batch:
-                try:
-                    await bounded(stop.wait(), self._interval_s)
-                except TimeoutError:
-                    continue
+                await self._sleep(stop, claimed_at)
+
+    async def _sleep(self, stop: asyncio.Event, claimed_at: float) -> None:
+        """Until the next due time (read again whenever this worker schedules a retry), or
+        until ``stop``."""
+        while not stop.is_set():
+            self._woken.clear()  # before the read: a retry scheduled after it wakes the wait
+            try:
+                due = await self._schedule.next_due()
+            except BatchfleetError:
+                due = None  # the next claim reports the error; it comes within ``idle_s``
+            left = claimed_at + pump_pause_s(due, claimed_at, self._interval_s,
+                                             self._idle_s) - time.time()
+            if left <= 0 or await first_set((stop, self._woken), left) is not self._woken:
+                return
 
 
 def default_policy(settings: WorkerSettings, plane: ControlPlane) -> RetryingFailurePolicy:
