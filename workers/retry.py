@@ -164,7 +164,8 @@ class RetryPump:
     It sleeps until the schedule's next due time rather than polling: an idle worker
     claimed ten times a second, a Lua script each time (docs/performance.md, "An idle
     worker's retry pump"). :meth:`scheduled` wakes it when this worker schedules a retry,
-    so that one is claimed on time; one scheduled elsewhere waits at most ``idle_s``."""
+    so that one is claimed on time; one scheduled elsewhere waits at most ``idle_s``.
+    ``interval_s`` is the least time between two claims, however the due times spread."""
 
     def __init__(self, schedule: RetrySchedule, publisher: Publisher, interval_s: float = 0.1,
                  batch: int = 500, idle_s: float = IDLE_PUMP_S) -> None:
