@@ -166,3 +166,25 @@ async def test_a_policy_that_rescheduled_nothing_leaves_the_pump_asleep(url: str
     assert (schedule.claims, schedule.reads) == (1, 1)
     stop.set()
     await task
+
+
+async def test_a_retry_no_pump_was_told_of_is_found_by_the_idle_cap(url: str) -> None:
+    """Scheduled while the pump slept on an empty schedule (by a worker that then died):
+    the pump finds it when its idle sleep ends, without being woken."""
+    plane = open_memory_control_plane(url, NAMES)
+    broker = open_memory_broker(url, names=NAMES)
+    consumer = broker.consumer("w")
+    await consumer.start(["m"])
+    schedule = CountingSchedule(plane.retry_schedule)
+    pump = RetryPump(schedule, broker.publisher(), interval_s=0.001, idle_s=0.3)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    task = asyncio.create_task(pump.run(stop))
+    await until(lambda: schedule.reads == 1)  # asleep, having seen nothing scheduled
+    await plane.retry_schedule.add_live([retry("r3", time.time())])
+    got: list[Any] = []
+    deadline = time.monotonic() + LIVENESS_S
+    while not got and time.monotonic() < deadline:
+        got = await consumer.fetch(10, 0.05)
+    assert ids(got) == ["r3"] and schedule.claims >= 2
+    stop.set()
+    await task
