@@ -72,6 +72,15 @@ def ids(deliveries: list[Any]) -> list[str]:
     return [decode_request(d.payload).request_id for d in deliveries]
 
 
+async def first_fetch(consumer: Any) -> list[Any]:
+    """The first deliveries the consumer gets, or none within the liveness timeout."""
+    deadline = time.monotonic() + LIVENESS_S
+    while time.monotonic() < deadline:
+        if got := await consumer.fetch(10, 0.05):
+            return list(got)
+    return []
+
+
 async def until(check: Any) -> None:
     deadline = time.monotonic() + LIVENESS_S
     while not check():
@@ -103,12 +112,10 @@ async def test_a_retry_scheduled_elsewhere_is_claimed_at_its_due_time(url: str) 
     pump = RetryPump(schedule, broker.publisher(), interval_s=0.001, idle_s=60.0)  # type: ignore[arg-type]
     stop = asyncio.Event()
     task = asyncio.create_task(pump.run(stop))
-    got: list[Any] = []
-    deadline = time.monotonic() + LIVENESS_S
-    while not got and time.monotonic() < deadline:
-        got = await consumer.fetch(10, 0.05)
+    got = await first_fetch(consumer)
     assert ids(got) == ["r1"] and await plane.retry_schedule.size() == 0
-    assert schedule.claims == 2, "the pump polled instead of sleeping to the due time"
+    # two claims (one more if the timer fired a hair early); polling would be about 50
+    assert schedule.claims <= 3, "the pump polled instead of sleeping to the due time"
     stop.set()
     await task
 
@@ -135,10 +142,7 @@ async def test_the_worker_wakes_its_sleeping_pump_when_it_schedules_a_retry(url:
     task = asyncio.create_task(run)
     await asyncio.sleep(0.1)  # the pump claimed nothing and went to sleep for 60 s
     await policy.on_failures([(object(), ErrorInfo("model_error", "boom", True))])  # type: ignore[list-item]
-    got: list[Any] = []
-    deadline = time.monotonic() + LIVENESS_S
-    while not got and time.monotonic() < deadline:
-        got = await consumer.fetch(10, 0.05)
+    got = await first_fetch(consumer)
     assert ids(got) == ["r2"]
     stop.set()
     await task
@@ -181,10 +185,7 @@ async def test_a_retry_no_pump_was_told_of_is_found_by_the_idle_cap(url: str) ->
     task = asyncio.create_task(pump.run(stop))
     await until(lambda: schedule.reads == 1)  # asleep, having seen nothing scheduled
     await plane.retry_schedule.add_live([retry("r3", time.time())])
-    got: list[Any] = []
-    deadline = time.monotonic() + LIVENESS_S
-    while not got and time.monotonic() < deadline:
-        got = await consumer.fetch(10, 0.05)
+    got = await first_fetch(consumer)
     assert ids(got) == ["r3"] and schedule.claims >= 2
     stop.set()
     await task
