@@ -78,7 +78,9 @@ SUBMIT_CHUNK = 1000
 #: ``submit()`` calls a second, each send then carries several, for at most this delay.
 #: 2 ms, not 0.5: one submit() per Poisson arrival at 2,000-4,000/s cost the client
 #: 158-224 us of CPU a request against 127-168 us, for 0.5 ms more at the median and
-#: the same p99 (docs/performance.md, "What changed in issue 31").
+#: the same p99 (docs/performance.md, "What changed in issue 31"). A caller that awaits
+#: each submit is not held by it for long: the coalescer stops lingering while its lingers
+#: gather nothing (``producers.coalescing``).
 SUBMIT_LINGER_S = 0.002
 #: Models whose registry answer is cached at once; past it the cache starts over.
 _MAX_CACHED_MODELS = 1024

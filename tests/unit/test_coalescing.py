@@ -4,7 +4,12 @@ import asyncio
 
 import pytest
 
-from batchfleet.producers.coalescing import Coalescer
+from batchfleet.producers.coalescing import (
+    IDLE_LINGERS_TO_PAUSE,
+    PROBE_EVERY,
+    Coalescer,
+    linger_verdict,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +83,51 @@ async def test_linger_holds_a_send_that_follows_one_too_closely() -> None:
     started = loop.time()
     await coalescer.submit(4)  # a quiet spell: not held back
     assert sent[-1][1] == [4] and sent[-1][0] - started < 0.2
+
+
+def test_linger_verdict_pauses_after_idle_lingers_and_resumes_on_one_that_gathers() -> None:
+    assert linger_verdict(groups=1, idle=0) == (1, 0)  # one idle linger: keep lingering
+    assert linger_verdict(groups=1, idle=IDLE_LINGERS_TO_PAUSE - 1) == (
+        IDLE_LINGERS_TO_PAUSE, PROBE_EVERY)  # the second in a row: pause
+    # a probe that gathers nothing pauses again at once, the count does not grow
+    assert linger_verdict(groups=1, idle=IDLE_LINGERS_TO_PAUSE) == (
+        IDLE_LINGERS_TO_PAUSE, PROBE_EVERY)
+    assert linger_verdict(groups=2, idle=IDLE_LINGERS_TO_PAUSE) == (0, 0)
+    assert linger_verdict(groups=0, idle=0) == (1, 0)  # a flush that found nothing left
+
+
+async def test_a_caller_that_awaits_each_submit_is_not_held_by_the_linger() -> None:
+    """A loop of awaited submits can never share a send: after two lingers that gathered
+    nothing, its submits go at once, with one probe linger every ``PROBE_EVERY`` sends.
+    Before, every submit after the first waited out the linger (39 of 40 here)."""
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> None:
+        sent.append(items)
+
+    coalescer: Coalescer[int] = Coalescer(send, chunk=100, linger_s=0.05)
+    for i in range(40):
+        await coalescer.submit(i)
+    assert sent == [[i] for i in range(40)]
+    # two idle lingers, then PROBE_EVERY sends at once, then one probe that gathered nothing
+    assert coalescer.lingered == IDLE_LINGERS_TO_PAUSE + 1
+
+
+async def test_lingering_resumes_when_a_probe_gathers_other_submits() -> None:
+    sent: list[list[int]] = []
+
+    async def send(items: list[int]) -> None:
+        sent.append(items)
+
+    coalescer: Coalescer[int] = Coalescer(send, chunk=100, linger_s=0.2)
+    for i in range(1 + IDLE_LINGERS_TO_PAUSE + PROBE_EVERY):  # paused, then its sends spent
+        await coalescer.submit(i)
+    assert coalescer.lingered == IDLE_LINGERS_TO_PAUSE
+    probe = asyncio.create_task(coalescer.submit(100))  # lingers: the probe
+    await asyncio.sleep(0.005)
+    others = [asyncio.create_task(coalescer.submit(101 + i)) for i in range(3)]
+    await asyncio.gather(probe, *others)
+    assert sent[-1] == [100, 101, 102, 103]  # the probe gathered the others
+    assert coalescer.lingered == IDLE_LINGERS_TO_PAUSE + 1
+    await coalescer.submit(200)  # lingering is back: this one waits out the linger too
+    assert coalescer.lingered == IDLE_LINGERS_TO_PAUSE + 2
