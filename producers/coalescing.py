@@ -91,11 +91,12 @@ class Coalescer(Generic[T]):
         if self._queued and not self._flush_scheduled and self._in_flight < self._max_in_flight:
             self._flush_scheduled = True
             at = self._last_send + self._linger_s
-            if at > loop.time() and not self._unlingered:
+            would_linger = at > loop.time()
+            if would_linger and not self._unlingered:
                 self._lingering = True
                 loop.call_at(at, self._flush)
                 return
-            if at > loop.time():
+            if would_linger:  # lingering is paused: one fewer send before the probe
                 self._unlingered -= 1
             loop.call_soon(self._flush)
 
