@@ -253,6 +253,18 @@ def profile_table(report: dict[str, Any], top: int = 10) -> str:
     return "\n\n".join(parts)
 
 
+def _phase_speeds(report: dict[str, Any]) -> str:
+    """The host-speed probe read before each scenario (since 2026-11-30): the host's speed
+    moves within a run, so a phase that ran slow is told from a slow change."""
+    speeds = [(s["model"], s["transport"], s["host_speed_us_before"])
+              for s in report.get("scenarios", []) if "host_speed_us_before" in s]
+    if not speeds:
+        return ""
+    return ("\n\nHost speed probe before each scenario (us, lower is faster): "
+            + "; ".join(f"{model} over {transport} {us:,.0f}" for model, transport, us in speeds)
+            + ".\n")
+
+
 def _host_line(meta: dict[str, Any]) -> str:
     """The host-speed probes and the stolen CPU (``bench.host_speed``): what two runs
     must agree on before their absolute figures are compared."""
@@ -281,7 +293,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                  f"{meta.get('loadavg_start')} at start); figures are depressed and ratios "
                  "against the ceiling are unreliable. Re-run on a quiet machine.\n")
     sections = [head, "## Targets\n", targets_table(report),
-                "\n## Throughput (closed loop, saturated)\n", throughput_table(report),
+                "\n## Throughput (closed loop, saturated)\n", throughput_table(report)
+                + _phase_speeds(report),
                 "\n## Latency (open loop, Poisson; caller-side: scheduled arrival to result "
                 "in the caller; fleet-side: enqueued_at to finished_at)\n",
                 latency_table(report),

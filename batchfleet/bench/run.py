@@ -273,6 +273,25 @@ def _stats_cost_stage(plan: BenchPlan, svc: Services, report: dict[str, Any],
         say(f"output statistics cost: {report['stats_cost']['cost']:.2%}")
 
 
+def _scenario_stage(plan: BenchPlan, svc: Services, report: dict[str, Any], phases: Phases,
+                    profiles: dict[str, Any], say: Progress) -> None:
+    report["scenarios"] = []
+    for transport in plan.transports:
+        for m in plan.models:
+            say(f"{m.model} over {transport}: batch {m.max_batch_size}, "
+                f"wait {m.max_wait_ms:g} ms, {plan.workers} worker process(es)")
+            key = f"{m.model}-{transport}"
+            # the host's speed moves within a run: read it before each scenario too, on the
+            # machine idle between them, so a phase that ran slow is told from a slow change
+            speed = speed_probe_us()
+            report["scenarios"].append({**run_scenario(
+                svc, transport, m, phases, seed=plan.seed,
+                model_cpu_per_wall=report["ceilings"][m.model]["handler"]["cpu_per_wall"],
+                profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None,
+                workers=plan.workers), "host_speed_us_before": speed})
+            _save(plan, {**report, "profiles": profiles}, complete=False)
+
+
 def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str, Any]:
     """Run ``plan``; returns the report and writes ``bench.json`` and ``bench.md``."""
     plan = plan.validated()
@@ -301,18 +320,7 @@ def run_bench(plan: BenchPlan, progress: Progress = lambda _: None) -> dict[str,
         plan.flood is not None and plan.flood.transport == "kafka")
     with services(plan.redis_url, plan.kafka_url, need_kafka, worker_env) as svc:
         _baselines(plan, svc, report, worker_env, say)
-        report["scenarios"] = []
-        for transport in plan.transports:
-            for m in plan.models:
-                say(f"{m.model} over {transport}: batch {m.max_batch_size}, "
-                    f"wait {m.max_wait_ms:g} ms, {plan.workers} worker process(es)")
-                key = f"{m.model}-{transport}"
-                report["scenarios"].append(run_scenario(
-                    svc, transport, m, phases, seed=plan.seed,
-                    model_cpu_per_wall=report["ceilings"][m.model]["handler"]["cpu_per_wall"],
-                    profiler=_profiler(plan.out_dir, key, profiles) if plan.profile else None,
-                    workers=plan.workers))
-                _save(plan, {**report, "profiles": profiles}, complete=False)
+        _scenario_stage(plan, svc, report, phases, profiles, say)
         if plan.flood is not None:
             flood = plan.flood
             say(f"isolation: demo-mlp at {flood.mlp_rps:g}/s over {flood.transport}, alone "

@@ -173,6 +173,7 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
         t == "kafka" for t in transports]
     for s in report["scenarios"]:
         _check_scenario(s)
+        assert _positive(s["host_speed_us_before"])  # each scenario's own host-speed reading
     _check_sweep(report, tmp_path)
     _check_targets(report, transports)
 
@@ -181,6 +182,7 @@ def test_tiny_bench_writes_complete_finite_report(tmp_path: Path) -> None:
     assert "broker-only loop: redis" in markdown and "fleet p99 ms" in markdown
     assert "SLO row" in markdown
     assert "Host speed probe:" in markdown and "stolen by the hypervisor" in markdown
+    assert "Host speed probe before each scenario" in markdown
     # generous: about 65 s on an idle two-core box, of which Kafka's fresh worker and
     # producers per open-loop phase take about 30
     assert elapsed < 240
