@@ -275,6 +275,8 @@ def _stats_cost_stage(plan: BenchPlan, svc: Services, report: dict[str, Any],
 
 def _scenario_stage(plan: BenchPlan, svc: Services, report: dict[str, Any], phases: Phases,
                     profiles: dict[str, Any], say: Progress) -> None:
+    """Every model over every transport, each with the host's speed read just before it;
+    the report is saved after each, so a run stopped midway keeps what it measured."""
     report["scenarios"] = []
     for transport in plan.transports:
         for m in plan.models:
