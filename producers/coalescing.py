@@ -65,8 +65,6 @@ class Coalescer(Generic[T]):
         self._last_send = -math.inf
         self._in_flight = 0
         self._flush_scheduled = False
-        #: The scheduled flush waits out a linger (judged when it runs: did it gather?).
-        self._lingering = False
         self._idle_lingers = 0
         #: Sends that would have lingered left to go at once (lingering paused).
         self._unlingered = 0
@@ -93,8 +91,7 @@ class Coalescer(Generic[T]):
             at = self._last_send + self._linger_s
             would_linger = at > loop.time()
             if would_linger and not self._unlingered:
-                self._lingering = True
-                loop.call_at(at, self._flush)
+                loop.call_at(at, self._linger_ended)
                 return
             if would_linger:  # lingering is paused: one fewer send before the probe
                 self._unlingered -= 1
@@ -109,13 +106,15 @@ class Coalescer(Generic[T]):
         chunk, self._queued = queued[:taken], queued[taken:]
         return chunk
 
+    def _linger_ended(self) -> None:
+        """A flush that waited out a linger: first judge whether the wait gathered others."""
+        self.lingered += 1
+        self._idle_lingers, self._unlingered = linger_verdict(len(self._queued),
+                                                              self._idle_lingers)
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._lingering:
-            self._lingering = False
-            self.lingered += 1
-            self._idle_lingers, self._unlingered = linger_verdict(len(self._queued),
-                                                                  self._idle_lingers)
         if self._queued and self._in_flight < self._max_in_flight:
             self._last_send = asyncio.get_running_loop().time()
         while self._queued and self._in_flight < self._max_in_flight:
